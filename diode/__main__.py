@@ -1,0 +1,3 @@
+from diode.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,99 @@
+"""Filling datagrams with records: pure logic of the packer, testable without sockets.
+
+Records are added in order with a tag (who to tell once they are sent). The builder seals a
+datagram when the next record would not fit, and never makes a datagram larger than the limit:
+without compression the size bound of the Avro encoding is exact enough; with compression it
+aims at the running compression ratio and splits a batch that came out too large.
+"""
+
+from dataclasses import dataclass, field
+
+from diode import codec
+from diode.records import Record
+from diode.wire import HEADER_BYTES
+from diode.crypto import TAG_BYTES
+
+
+@dataclass
+class Sealed:
+    """One datagram and, per tag, how many of its records carried that tag."""
+
+    datagram: bytes
+    tags: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Pending:
+    records: list = field(default_factory=list)
+    tags: list = field(default_factory=list)
+    size: int = codec.BATCH_OVERHEAD
+    topics: set = field(default_factory=set)
+
+
+class DatagramBuilder:
+    def __init__(self, datagram_bytes: int, seal, compressed: bool, partition_counts):
+        """`seal(payload) -> datagram`; `partition_counts(topic) -> int`."""
+        self.limit = datagram_bytes
+        self.budget = datagram_bytes - HEADER_BYTES - TAG_BYTES
+        self._seal = seal
+        self._compressed = compressed
+        self._partition_counts = partition_counts
+        self._ratio = 1.0  # compressed / uncompressed, learnt as datagrams are sealed
+        self._pending = _Pending()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending.records)
+
+    def _target(self) -> int:
+        if not self._compressed:
+            return self.budget
+        return min(codec.MAX_BATCH_BYTES, int(self.budget / max(self._ratio, 0.02) * 0.9))
+
+    def add(self, record: Record, tag) -> tuple[list[Sealed], list]:
+        """Add a record. Returns (sealed datagrams, records too large for any datagram) — the
+        latter as (record, tag) pairs."""
+        size = codec.encoded_size_bound(record)
+        if record.topic not in self._pending.topics:
+            size += codec.TOPIC_ENTRY_OVERHEAD + len(record.topic.encode())
+        sealed, oversize = [], []
+        p = self._pending
+        if p.records and p.size + size > self._target():
+            s, o = self.flush()
+            sealed += s
+            oversize += o
+            p = self._pending
+            size = codec.encoded_size_bound(record) + codec.TOPIC_ENTRY_OVERHEAD + len(
+                record.topic.encode())
+        p.records.append(record)
+        p.tags.append(tag)
+        p.size += size
+        p.topics.add(record.topic)
+        return sealed, oversize
+
+    def flush(self) -> tuple[list[Sealed], list]:
+        p, self._pending = self._pending, _Pending()
+        if not p.records:
+            return [], []
+        sealed, oversize = [], []
+        self._seal_into(p.records, p.tags, sealed, oversize)
+        return sealed, oversize
+
+    def _seal_into(self, records, tags, sealed, oversize):
+        counts = {t: self._partition_counts(t) for t in {r.topic for r in records}}
+        payload = codec.encode_batch(records, counts)
+        datagram = self._seal(payload)
+        if self._compressed:
+            ratio = (len(datagram) - HEADER_BYTES - TAG_BYTES) / max(len(payload), 1)
+            self._ratio = 0.7 * self._ratio + 0.3 * ratio
+        if len(datagram) <= self.limit:
+            tag_counts = {}
+            for t in tags:
+                tag_counts[t] = tag_counts.get(t, 0) + 1
+            sealed.append(Sealed(datagram, tag_counts))
+        elif len(records) == 1:
+            oversize.append((records[0], tags[0]))
+        else:
+            half = len(records) // 2
+            self._seal_into(records[:half], tags[:half], sealed, oversize)
+            self._seal_into(records[half:], tags[half:], sealed, oversize)

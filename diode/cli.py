@@ -1,0 +1,153 @@
+"""The `diode` command."""
+
+import argparse
+import logging
+import sys
+import time
+
+from diode import topology as topo
+from diode.errors import DiodeError, TopologyError
+from diode.worker import configure_logging
+
+
+def cmd_check(args) -> int:
+    t = topo.load(args.file)
+    run_dir = t.supervisor.run_dir or "<run dir>"
+    print(f"topology {t.name} ({t.path}): valid")
+    print(f"link: udp {t.link.host}:{t.link.port} (receiver binds {t.link.bind_address}), "
+          f"datagrams up to {t.link.datagram_size_bytes} bytes, "
+          f"{t.link.rate_mbps:g} Mbit/s{' (unpaced)' if not t.link.rate_mbps else ''}")
+    print(f"security: {t.security.cipher}, compression: {t.compression}")
+    for b in t.brokers:
+        print(f"embedded broker {b.name or b.listen}: {b.listen} ({b.side} side)")
+    print(f"{'process':<28} {'cpus':<10} endpoints")
+    for spec in topo.plan(t):
+        cpus = ",".join(map(str, spec.cpus)) or "all"
+        binds, connects = wiring(t, spec, run_dir)
+        print(f"diode: {spec.name:<20} {cpus:<10} "
+              + "; ".join([f"binds {e}" for e in binds] + [f"-> {e}" for e in connects]))
+    return 0
+
+
+def wiring(t, spec, run_dir):
+    """(endpoints bound, endpoints connected to) of one process, as its stage module does."""
+    def ep(stage, i, purpose="in"):
+        return topo.endpoint(run_dir, spec.side, stage, i, purpose)
+
+    def each(stage):
+        return [ep(stage, i) for i in range(t.stage(spec.side, stage).instances)]
+
+    if spec.stage == "kafka_reader":
+        return [ep("kafka_reader", spec.index, "acks")], each("packer")
+    if spec.stage == "packer":
+        return [ep("packer", spec.index)], [ep("udp_sender", 0)]
+    if spec.stage == "udp_sender":
+        return [ep("udp_sender", 0)], [f"udp://{t.link.host}:{t.link.port}"]
+    if spec.stage == "udp_reader":
+        return [f"udp://{t.link.bind_address}:{t.link.port}"], each("unpacker")
+    if spec.stage == "unpacker":
+        return [ep("unpacker", spec.index)], each("kafka_writer")
+    return [ep("kafka_writer", spec.index)], [t.receiver.kafka["bootstrap.servers"]]
+
+
+def cmd_launch(args) -> int:
+    from diode.supervisor import Supervisor
+    t = topo.load(args.file)
+    sides = topo.SIDES if args.side == "both" else (args.side,)
+    return Supervisor(t, sides, args.run_dir).run()
+
+
+def cmd_docs(args) -> int:
+    print(topo.reference_markdown(), end="")
+    return 0
+
+
+def cmd_produce(args) -> int:
+    from confluent_kafka import Producer
+    p = Producer({"bootstrap.servers": args.bootstrap})
+    values = args.values or [line.rstrip("\n") for line in sys.stdin]
+    for v in values:
+        p.produce(args.topic, value=v.encode(), key=args.key.encode() if args.key else None)
+        p.poll(0)
+    left = p.flush(10)
+    print(f"produced {len(values) - left} record(s) to {args.topic} on {args.bootstrap}",
+          file=sys.stderr)
+    return 1 if left else 0
+
+
+def cmd_consume(args) -> int:
+    """Print a topic's records from the beginning (assign, no group), with their headers."""
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": args.bootstrap, "group.id": "diode-console",
+                  "enable.auto.commit": False})
+    deadline = time.monotonic() + args.timeout
+    seen = 0
+    try:
+        while time.monotonic() < deadline:
+            md = c.list_topics(args.topic, timeout=5).topics.get(args.topic)
+            if md is not None and md.error is None and md.partitions:
+                c.assign([TopicPartition(args.topic, p, 0) for p in md.partitions])
+                break
+            time.sleep(0.2)
+        while time.monotonic() < deadline and (not args.count or seen < args.count):
+            m = c.poll(0.2)
+            if m is None or m.error():
+                continue
+            seen += 1
+            headers = " ".join(f"{k}={(v or b'').decode(errors='replace')}"
+                               for k, v in (m.headers() or []))
+            print(f"{m.topic()}[{m.partition()}]@{m.offset()} "
+                  f"{(m.value() or b'').decode(errors='replace')}  {headers}", flush=True)
+    finally:
+        c.close()
+    return 0 if not args.count or seen >= args.count else 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="diode", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("check", help="validate a topology and print the plan (exit 2: invalid)")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("launch", help="run a topology: brokers, supervisor and workers")
+    p.add_argument("file")
+    p.add_argument("--side", choices=("sender", "receiver", "both"), default="both")
+    p.add_argument("--run-dir", help="directory for ipc endpoints and metrics")
+    p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser("docs", help="print the topology reference (docs/topology.md)")
+    p.set_defaults(func=cmd_docs)
+
+    p = sub.add_parser("produce", help="produce lines (arguments or stdin) as records")
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--key")
+    p.add_argument("values", nargs="*")
+    p.set_defaults(func=cmd_produce)
+
+    p = sub.add_parser("consume", help="print a topic's records and headers")
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--count", type=int, default=0, help="stop after this many (exit 1 if fewer)")
+    p.add_argument("--timeout", type=float, default=30.0)
+    p.set_defaults(func=cmd_consume)
+
+    args = parser.parse_args(argv)
+    configure_logging(logging.DEBUG if args.verbose else logging.INFO)
+    try:
+        return args.func(args)
+    except TopologyError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except DiodeError as exc:
+        logging.getLogger("diode").error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

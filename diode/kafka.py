@@ -1,0 +1,61 @@
+"""Kafka client settings and topic discovery, shared by the stages that talk to Kafka."""
+
+import re
+
+from diode.records import partition_owner
+from diode.topology import Topology
+
+
+def consumer_config(t: Topology) -> dict:
+    """The source cluster's librdkafka settings, with what at-least-once requires forced:
+    offsets are stored and committed by the reader itself, only for what was sent."""
+    conf = {"group.id": f"diode-{t.name}", **t.sender.kafka}
+    conf.update({"enable.auto.commit": False, "enable.auto.offset.store": False})
+    return conf
+
+
+def producer_config(kafka: dict, **defaults) -> dict:
+    """A producer's settings: ours as defaults, the topology's on top, unchanged."""
+    return {"linger.ms": 5, "acks": "all", **defaults, **kafka}
+
+
+def admin_config(kafka: dict) -> dict:
+    # Keep only what connects; the admin client rejects producer/consumer-only properties.
+    keep = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.id", "socket.",
+            "broker.address.family", "metadata.", "topic.metadata.")
+    return {k: v for k, v in kafka.items() if k.startswith(keep)}
+
+
+class TopicSelector:
+    """Which source partitions a reader owns: topics by name or regex, split among readers."""
+
+    def __init__(self, names, patterns, exclude=(), index: int = 0, readers: int = 1):
+        self.names = set(names)
+        self.patterns = [re.compile(p) for p in patterns]
+        self.exclude = set(exclude)
+        self.index = index
+        self.readers = readers
+
+    def matches(self, topic: str) -> bool:
+        if topic in self.exclude:
+            return False
+        if topic in self.names:
+            return True
+        if topic.startswith("__"):
+            return False  # internal topics are never replicated by a pattern
+        return any(p.fullmatch(topic) for p in self.patterns)
+
+    def owned(self, partition_counts: dict) -> set:
+        """(topic, partition) pairs this reader owns, from topic -> partition count."""
+        return {
+            (topic, p)
+            for topic, n in partition_counts.items() if self.matches(topic)
+            for p in range(n)
+            if partition_owner(topic, p, self.readers) == self.index
+        }
+
+
+def partition_counts(client, timeout: float = 5.0) -> dict:
+    """topic -> partition count, from any confluent_kafka client's metadata."""
+    md = client.list_topics(timeout=timeout)
+    return {name: len(t.partitions) for name, t in md.topics.items() if t.error is None}

@@ -1,0 +1,45 @@
+"""Kafka records as small immutable values, and where they go on the destination."""
+
+from typing import NamedTuple
+import zlib
+
+# confluent_kafka's TIMESTAMP_NOT_AVAILABLE, TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME
+TIMESTAMP_NOT_AVAILABLE = 0
+
+
+class Record(NamedTuple):
+    """One Kafka record as read from the source cluster."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    timestamp_type: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple  # ((name: str, value: bytes | None), ...)
+
+
+def provenance_headers(record: Record) -> list:
+    """The record's own headers plus sourceTopic/sourcePartition/sourceOffset (UTF-8 strings)."""
+    return [
+        *record.headers,
+        ("sourceTopic", record.topic.encode()),
+        ("sourcePartition", str(record.partition).encode()),
+        ("sourceOffset", str(record.offset).encode()),
+    ]
+
+
+def partition_owner(topic: str, partition: int, owners: int) -> int:
+    """Which of `owners` workers owns a source partition. Stable across processes and runs
+    (Python's hash() is salted per process, so it cannot be used)."""
+    return (zlib.crc32(topic.encode()) + partition) % owners
+
+
+def from_kafka_message(msg) -> Record:
+    """A confluent_kafka.Message as a Record."""
+    ts_type, ts = msg.timestamp()
+    return Record(
+        msg.topic(), msg.partition(), msg.offset(), ts, ts_type,
+        msg.key(), msg.value(), tuple(msg.headers() or ()),
+    )

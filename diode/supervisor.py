@@ -1,0 +1,234 @@
+"""The supervisor: forks one process per stage instance, watches them, drains them.
+
+After gunicorn's Arbiter and supervisord's process states. The supervisor creates no ZeroMQ
+context and no Kafka client: children make their own after the fork.
+
+Worker states and their edges (every transition goes through `Worker.to`):
+
+    RUNNING  -> BACKOFF   it exited or stopped beating, and the restart budget allows a restart
+    RUNNING  -> FATAL     it exited once more than restart.max allows in restart.window.seconds
+    BACKOFF  -> RUNNING   its backoff delay passed; forked again
+    RUNNING  -> STOPPING  drain: SIGTERM sent
+    BACKOFF  -> STOPPED   drain: a worker waiting for its restart is simply not restarted
+    STOPPING -> STOPPED   it exited (or was killed after drain.timeout.seconds)
+"""
+
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections import deque
+from enum import Enum
+
+import setproctitle
+
+from diode import crypto, worker
+from diode.brokers import EmbeddedBroker
+from diode.topology import PIPELINES, SIDES, Topology, WorkerSpec, plan
+
+log = logging.getLogger("diode.supervisor")
+
+
+class State(Enum):
+    RUNNING = "running"
+    BACKOFF = "backoff"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FATAL = "fatal"
+
+
+class Worker:
+    def __init__(self, spec: WorkerSpec, slot: int):
+        self.spec = spec
+        self.slot = slot
+        self.pid = 0
+        self.state = State.STOPPED
+        self.exits: deque = deque()  # monotonic times of unexpected exits
+        self.restart_at = 0.0
+        self.stop_deadline = 0.0
+
+    def to(self, state: State, why: str = "") -> None:
+        log.debug("%s: %s -> %s %s", self.spec.name, self.state.value, state.value, why)
+        self.state = state
+
+
+def load_secrets(t: Topology) -> worker.Secrets:
+    """Key material, derived once here and inherited by every child."""
+    sec = t.security
+    cipher_id = crypto.CIPHER_IDS[sec.cipher]
+    if not cipher_id:
+        log.warning("security.cipher is none: datagrams are NOT encrypted or authenticated; "
+                    "anyone who can reach the receiver's port can write records")
+        return worker.Secrets(0, None)
+    if sec.key_file:
+        return worker.Secrets(cipher_id, crypto.read_key_file(t.resolve(sec.key_file)))
+    password = crypto.read_secret(t.resolve(sec.password_file), sec.password_env, "password")
+    return worker.Secrets(cipher_id, crypto.master_key_from_password(password, sec.salt.encode()))
+
+
+class Supervisor:
+    def __init__(self, topology: Topology, sides=SIDES, run_dir: str | None = None):
+        self.t = topology
+        self.sides = tuple(s for s in SIDES if s in sides)
+        self.cfg = topology.supervisor
+        self._own_run_dir = not (run_dir or self.cfg.run_dir)
+        self.run_dir = run_dir or self.cfg.run_dir or tempfile.mkdtemp(prefix="diode-")
+        os.makedirs(self.run_dir, exist_ok=True)
+        specs = plan(topology, self.sides)
+        self.workers = [Worker(s, i) for i, s in enumerate(specs)]
+        self.heartbeats = worker.Heartbeats(len(specs))
+        self.brokers = [EmbeddedBroker(b.name or b.listen, b.listen,
+                                       os.path.join(self.run_dir, f"broker-{b.name}.log"))
+                        for b in topology.brokers if b.side in self.sides]
+        self.secrets: worker.Secrets | None = None
+        self._signals: deque = deque()
+
+    # -- signals: handlers only record ---------------------------------------------------------
+
+    def _on_signal(self, signum, frame):
+        self._signals.append(signum)
+
+    # -- life cycle ------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start everything, watch until SIGTERM/SIGINT (exit 0) or a FATAL worker (exit 1)."""
+        setproctitle.setproctitle(f"diode: supervisor {'+'.join(self.sides)} ({self.t.path})")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        code = 0
+        try:
+            self.secrets = load_secrets(self.t)
+            for b in self.brokers:
+                b.start()
+            for w in self.workers:
+                self._spawn(w)
+            log.info("%s running: %d processes, run dir %s", "+".join(self.sides),
+                     len(self.workers), self.run_dir)
+            code = self._watch()
+        finally:
+            self._drain()
+            for b in reversed(self.brokers):
+                b.stop()
+            if self._own_run_dir:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+        log.info("stopped (exit %d)", code)
+        return code
+
+    def _watch(self) -> int:
+        while True:
+            if self._signals:
+                log.info("%s: draining", signal.Signals(self._signals.popleft()).name)
+                return 0
+            self._reap()
+            self._check_heartbeats()
+            now = time.monotonic()
+            for w in self.workers:
+                if w.state is State.FATAL:
+                    log.error("%s keeps dying (%d exits within %.0f s): giving up; stopping "
+                              "the %s side. Its log lines above say why.", w.spec.name,
+                              len(w.exits), self.cfg.restart_window_seconds, w.spec.side)
+                    return 1
+                if w.state is State.BACKOFF and now >= w.restart_at:
+                    self._spawn(w)  # BACKOFF -> RUNNING
+            for b in self.brokers:
+                if not b.alive():
+                    log.error("embedded broker %s exited; its records are gone (memory "
+                              "storage). Stopping.", b.name)
+                    return 1
+            time.sleep(0.05)
+
+    def _spawn(self, w: Worker) -> None:
+        self.heartbeats.beat(w.slot)
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            worker.run(w.spec, self.t, self.run_dir, self.secrets, self.heartbeats, w.slot,
+                       parent)  # never returns
+        w.pid = pid
+        w.to(State.RUNNING, f"pid {pid}")
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            w = next((w for w in self.workers if w.pid == pid), None)
+            if w is None:
+                continue  # an embedded broker: Popen polls its own
+            w.pid = 0
+            self._exited(w, os.waitstatus_to_exitcode(status))
+
+    def _exited(self, w: Worker, code: int) -> None:
+        if w.state is State.STOPPING:
+            w.to(State.STOPPED, f"exit {code}")
+            return
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        now = time.monotonic()
+        w.exits.append(now)
+        while w.exits and w.exits[0] < now - self.cfg.restart_window_seconds:
+            w.exits.popleft()
+        if len(w.exits) > self.cfg.restart_max:
+            w.to(State.FATAL, how)  # RUNNING -> FATAL
+            return
+        delay = min(self.cfg.restart_backoff_initial_ms * 2 ** (len(w.exits) - 1),
+                    self.cfg.restart_backoff_max_ms) / 1000
+        w.restart_at = now + delay
+        w.to(State.BACKOFF, how)  # RUNNING -> BACKOFF
+        log.warning("%s %s; restart %d of %d in %.1f s", w.spec.name, how, len(w.exits),
+                    self.cfg.restart_max, delay)
+        self._tell_upstream(w)
+
+    def _tell_upstream(self, dead: Worker) -> None:
+        """What a dead worker held is lost: stages upstream on its side re-send (SIGUSR1)."""
+        order = PIPELINES[dead.spec.side]
+        for w in self.workers:
+            if (w.spec.side == dead.spec.side and w.state is State.RUNNING
+                    and order.index(w.spec.stage) < order.index(dead.spec.stage)):
+                _signal(w.pid, signal.SIGUSR1)
+
+    def _check_heartbeats(self) -> None:
+        now = time.monotonic()
+        for w in self.workers:
+            if w.state is State.RUNNING and \
+                    now - self.heartbeats.last(w.slot) > self.cfg.heartbeat_timeout_seconds:
+                log.error("%s (pid %d) sent no heartbeat for %.0f s: killing it", w.spec.name,
+                          w.pid, now - self.heartbeats.last(w.slot))
+                _signal(w.pid, signal.SIGKILL)  # reaped as an unexpected exit
+
+    def _drain(self) -> None:
+        """Stop stage by stage in data-flow order, sender side first, so what is in flight
+        reaches the next stage (and the link) before that stage is asked to stop."""
+        for side in self.sides:
+            for stage in PIPELINES[side]:
+                group = [w for w in self.workers
+                         if w.spec.side == side and w.spec.stage == stage]
+                deadline = time.monotonic() + self.cfg.drain_timeout_seconds
+                for w in group:
+                    if w.state is State.RUNNING:
+                        w.to(State.STOPPING, "SIGTERM")  # RUNNING -> STOPPING
+                        _signal(w.pid, signal.SIGTERM)
+                    elif w.state in (State.BACKOFF, State.FATAL):
+                        w.to(State.STOPPED, "not restarted")  # BACKOFF -> STOPPED
+                while any(w.state is State.STOPPING for w in group):
+                    self._reap()
+                    if time.monotonic() > deadline:
+                        for w in group:
+                            if w.state is State.STOPPING:
+                                log.error("%s did not drain within %.0f s: killing it",
+                                          w.spec.name, self.cfg.drain_timeout_seconds)
+                                _signal(w.pid, signal.SIGKILL)
+                        deadline = float("inf")
+                    time.sleep(0.02)
+
+
+def _signal(pid: int, sig) -> None:
+    if pid:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,452 @@
+"""The topology file: one settings registry, validation that reports every error at once.
+
+The dataclasses below are the registry. Each field is a setting: its YAML key is the field name
+with dots for underscores, its metadata holds the documentation and a tiny validator, and the
+same table generates docs/topology.md (`diode docs`). Kafka client settings (`kafka:` maps) pass
+through to librdkafka unchanged.
+"""
+
+import dataclasses
+import difflib
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from diode.errors import TopologyError
+
+SIDES = ("sender", "receiver")
+PIPELINES = {
+    # Stage types of each side in data-flow order: drained in this order on shutdown.
+    "sender": ("kafka_reader", "packer", "udp_sender"),
+    "receiver": ("udp_reader", "unpacker", "kafka_writer"),
+}
+SINGLE_INSTANCE = {"udp_sender", "udp_reader"}  # one flow on the link, one socket
+
+
+def setting(default, doc, check=None, example=None):
+    kw = {"default_factory": lambda: type(default)(default)} if isinstance(
+        default, (list, dict)) else {"default": default}
+    return field(metadata={"doc": doc, "check": check, "example": example}, **kw)
+
+
+# -- validators: tiny pure functions returning an error message or None ----------------------
+
+def between(lo, hi):
+    def check(v):
+        return None if lo <= v <= hi else f"must be between {lo} and {hi}, not {v}"
+    return check
+
+
+def one_of(*choices):
+    def check(v):
+        return None if v in choices else f"must be one of {', '.join(choices)}, not {v!r}"
+    return check
+
+
+def port(v):
+    return between(1, 65535)(v)
+
+
+def host_port(v):
+    host, sep, p = v.rpartition(":")
+    if not sep or not host or not p.isdigit() or not 0 < int(p) < 65536:
+        return f"must be host:port, not {v!r}"
+    return None
+
+
+def regexes(v):
+    for pattern in v:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            return f"{pattern!r} is not a regular expression: {exc}"
+    return None
+
+
+def non_negative(v):
+    return None if v >= 0 else f"must be 0 or more, not {v}"
+
+
+def positive(v):
+    return None if v > 0 else f"must be more than 0, not {v}"
+
+
+# -- the registry ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StageSettings:
+    instances: int = setting(1, "How many processes of this stage to run.", between(1, 64))
+    cpus: list = setting([], "CPUs to pin the processes to (psutil cpu_affinity); empty: all.")
+
+
+@dataclass(frozen=True)
+class LinkSettings:
+    host: str = setting("127.0.0.1", "Address the sender sends datagrams to: the receiver host, "
+                        "as seen across the diode.")
+    port: int = setting(3456, "UDP port of the receiver.", port)
+    bind_address: str = setting("0.0.0.0", "Address the receiver binds its UDP socket to.")
+    datagram_size_bytes: int = setting(
+        1472, "Largest datagram sent, header included: 1472 for an MTU of 1500, 8972 for jumbo "
+        "frames, up to 65507 on loopback or with IP fragmentation.", between(256, 65507))
+    rate_mbps: float = setting(
+        100.0, "Sender pacing in megabits per second of UDP payload; 0 sends unpaced. Keep it "
+        "under what the link and the receiver can take: nothing tells the sender of drops.",
+        non_negative)
+    receive_buffer_bytes: int = setting(
+        33554432, "SO_RCVBUF the receiver asks for. The kernel caps it at net.core.rmem_max; the "
+        "receiver warns with the sysctl to run when it gets less.", positive)
+
+
+@dataclass(frozen=True)
+class SecuritySettings:
+    cipher: str = setting("aes-256-gcm", "Authenticated encryption of every datagram: "
+                          "aes-256-gcm or chacha20-poly1305; none needs allow.plaintext.",
+                          one_of("aes-256-gcm", "chacha20-poly1305", "none"))
+    password_file: str = setting("", "File holding the password (the master key is "
+                                 "PBKDF2-HMAC-SHA256 of password and salt, 65 536 rounds). "
+                                 "Relative paths are relative to the topology file.")
+    password_env: str = setting("", "Environment variable holding the password, instead of "
+                                "password.file.")
+    salt: str = setting("", "Salt for PBKDF2 (not a secret, but both sides must agree).")
+    key_file: str = setting("", "File holding a raw 32-byte master key (or 64 hex characters), "
+                            "instead of a password.")
+    allow_plaintext: bool = setting(False, "Must be true for cipher none. Datagrams are then "
+                                    "neither encrypted nor authenticated: anyone on the low "
+                                    "side network can forge records.")
+
+
+@dataclass(frozen=True)
+class SenderSettings:
+    kafka: dict = setting({}, "librdkafka settings of the source cluster, passed through "
+                          "unchanged (bootstrap.servers, security.protocol, ...). group.id "
+                          "defaults to diode-<name>.", example={"bootstrap.servers": "host:9092"})
+    topics: list = setting([], "Source topics to replicate, by name.")
+    topics_regex: list = setting([], "Source topics to replicate, by regular expression "
+                                 "(matched against the whole name).", regexes)
+    start_position: str = setting("earliest", "Where to start a partition with no committed "
+                                  "offset: earliest or latest.", one_of("earliest", "latest"))
+    dead_letter_topic: str = setting("diode-dead-letter", "Topic on the source cluster for "
+                                     "records too large for one datagram; empty: log only.")
+    refresh_topics_interval_seconds: float = setting(
+        5.0, "How often readers look for new topics and partitions.", positive)
+    offset_commit_interval_ms: int = setting(1000, "How often readers commit the sent "
+                                             "prefix to the source cluster.", positive)
+    max_inflight_records: int = setting(50000, "Records a reader may have read but not yet "
+                                        "seen sent; it stops reading beyond that.", positive)
+    inflight_timeout_seconds: float = setting(
+        30.0, "A reader that has waited this long for records to be sent rewinds to its "
+        "committed offsets and reads them again.", positive)
+    batch_linger_ms: float = setting(5.0, "How long a packer waits to fill a datagram.",
+                                     non_negative)
+    stages: dict = setting({}, "Processes per stage type: kafka_reader, packer, udp_sender "
+                           "(exactly 1). Each maps to instances and cpus.",
+                           example={"packer": {"instances": 2, "cpus": [1]}})
+
+
+@dataclass(frozen=True)
+class ReceiverSettings:
+    kafka: dict = setting({}, "librdkafka settings of the destination cluster, passed through "
+                          "unchanged.", example={"bootstrap.servers": "host:9092"})
+    topic_prefix: str = setting("", "Destination topic = prefix + source topic.")
+    topic_rename: dict = setting({}, "Explicit destination names for some source topics "
+                                 "(source: destination); the prefix does not apply to them.")
+    stages: dict = setting({}, "Processes per stage type: udp_reader (exactly 1), unpacker, "
+                           "kafka_writer. Each maps to instances and cpus.",
+                           example={"unpacker": {"instances": 2}})
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    name: str = setting("", "Name in logs.")
+    side: str = setting("sender", "Which side's launch starts it: sender or receiver.",
+                        one_of(*SIDES))
+    listen: str = setting("127.0.0.1:9092", "host:port it listens on and advertises.",
+                          host_port)
+
+
+@dataclass(frozen=True)
+class SupervisorSettings:
+    restart_max: int = setting(5, "Restarts allowed per stage instance within "
+                               "restart.window.seconds; one more and the side stops (exit 1).",
+                               non_negative)
+    restart_window_seconds: float = setting(60.0, "The window of restart.max.", positive)
+    restart_backoff_initial_ms: int = setting(200, "Wait before the first restart; doubles "
+                                              "with each restart in the window.", non_negative)
+    restart_backoff_max_ms: int = setting(5000, "Longest wait before a restart.", non_negative)
+    heartbeat_timeout_seconds: float = setting(20.0, "A worker silent this long is killed and "
+                                               "restarted.", positive)
+    drain_timeout_seconds: float = setting(20.0, "On SIGTERM/SIGINT, how long each stage may "
+                                           "take to drain before it is killed.", positive)
+    queue_max_messages: int = setting(64, "High-water mark of every ZeroMQ queue between "
+                                      "stages, in messages (each a batch).", positive)
+    run_dir: str = setting("", "Directory for the ZeroMQ ipc endpoints; empty: a new "
+                           "temporary directory per launch.")
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str = setting("diode", "Name of this replication flow; in process titles and the "
+                        "default consumer group.")
+    compression: str = setting("none", "Compression of each datagram's batch before "
+                               "encryption: none, gzip, zstd or lz4.",
+                               one_of("none", "gzip", "zstd", "lz4"))
+    link: LinkSettings = setting(None, "The UDP link.")
+    security: SecuritySettings = setting(None, "Encryption and keys.")
+    sender: SenderSettings = setting(None, "The high side.")
+    receiver: ReceiverSettings = setting(None, "The low side.")
+    brokers: list = setting([], "Embedded Tansu brokers to start for demos and tests "
+                            "(a list of maps: name, side, listen).")
+    supervisor: SupervisorSettings = setting(None, "Process supervision.")
+    path: str = "<memory>"  # where it was loaded from (not a setting)
+
+    def stage(self, side: str, stage: str) -> StageSettings:
+        return getattr(self, side).stages[stage]
+
+    def resolve(self, relative: str) -> str:
+        """A path from the topology file, relative to the file's directory."""
+        if not relative or os.path.isabs(relative):
+            return relative
+        return str(Path(self.path).resolve().parent / relative)
+
+
+SECTIONS = {"link": LinkSettings, "security": SecuritySettings, "sender": SenderSettings,
+            "receiver": ReceiverSettings, "supervisor": SupervisorSettings}
+
+
+def yaml_key(name: str) -> str:
+    return name.replace("_", ".")
+
+
+def settings_of(cls):
+    return [f for f in dataclasses.fields(cls) if "doc" in f.metadata]
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+def _type_ok(value, tp) -> bool:
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    return isinstance(value, tp)
+
+
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+               list: "a list", dict: "a mapping"}
+
+
+def _build(cls, data, where: str, problems: list):
+    """An instance of settings class `cls` from a YAML mapping, appending problems."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        problems.append(f"{where or '(top level)'}: must be a mapping")
+        data = {}
+    known = {yaml_key(f.name): f for f in settings_of(cls)}
+    values = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        f = known.get(key)
+        if f is None:
+            hint = difflib.get_close_matches(str(key), known, n=1)
+            problems.append(f"{path}: unknown key" + (f" (did you mean {hint[0]}?)" if hint
+                                                      else ""))
+            continue
+        tp = f.type if isinstance(f.type, type) else typing.get_origin(f.type) or object
+        if tp in (list, dict, bool, int, float, str) and not _type_ok(value, tp):
+            problems.append(f"{path}: must be {_TYPE_NAMES[tp]}, not {value!r}")
+            continue
+        check = f.metadata.get("check")
+        if check and (msg := check(value)):
+            problems.append(f"{path}: {msg}")
+            continue
+        values[f.name] = float(value) if tp is float else value
+    return cls(**values)
+
+
+def _build_stages(side: str, data: dict, problems: list, cpu_count: int) -> dict:
+    stages = {}
+    for name, spec in data.items():
+        if name not in PIPELINES[side]:
+            problems.append(f"{side}.stages.{name}: unknown stage type; {side} stages are "
+                            f"{', '.join(PIPELINES[side])}")
+    for name in PIPELINES[side]:
+        where = f"{side}.stages.{name}"
+        s = _build(StageSettings, data.get(name), where, problems)
+        if name in SINGLE_INSTANCE and s.instances != 1:
+            problems.append(f"{where}.instances: must be 1 (one UDP flow, one socket)")
+        for cpu in s.cpus:
+            if not isinstance(cpu, int) or isinstance(cpu, bool) or not 0 <= cpu < cpu_count:
+                problems.append(f"{where}.cpus: {cpu!r} is not a CPU of this machine "
+                                f"(0..{cpu_count - 1})")
+        stages[name] = s
+    return stages
+
+
+def load(path, cpu_count: int | None = None) -> Topology:
+    """Load and validate a topology file. Raises TopologyError listing every problem."""
+    path = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise TopologyError(path, [f"cannot read: {exc.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise TopologyError(path, [f"not valid YAML: {exc}"]) from None
+    return from_dict(data, path, cpu_count)
+
+
+def from_dict(data, path="<memory>", cpu_count: int | None = None) -> Topology:
+    cpu_count = cpu_count or os.cpu_count() or 1
+    problems: list[str] = []
+    if not isinstance(data, dict):
+        raise TopologyError(path, ["(top level): must be a mapping of settings"])
+    top = {k: v for k, v in data.items() if k not in SECTIONS and k != "brokers"}
+    base = _build(Topology, top, "", problems)
+    sections = {name: _build(cls, data.get(name), name, problems)
+                for name, cls in SECTIONS.items()}
+    for side in SIDES:
+        s = sections[side]
+        if not isinstance(s.stages, dict):
+            stages_data = {}
+        else:
+            stages_data = s.stages
+        sections[side] = dataclasses.replace(
+            s, stages=_build_stages(side, stages_data, problems, cpu_count))
+    brokers = []
+    raw_brokers = data.get("brokers") or []
+    if not isinstance(raw_brokers, list):
+        problems.append("brokers: must be a list")
+        raw_brokers = []
+    for i, b in enumerate(raw_brokers):
+        brokers.append(_build(BrokerSettings, b, f"brokers[{i}]", problems))
+    topo = dataclasses.replace(base, brokers=brokers, path=path, **sections)
+    problems += _cross_checks(topo)
+    if problems:
+        raise TopologyError(path, problems)
+    return topo
+
+
+def _cross_checks(t: Topology) -> list[str]:
+    """What no single setting can check alone."""
+    problems = []
+    sec = t.security
+    if sec.cipher == "none":
+        if not sec.allow_plaintext:
+            problems.append("security.cipher: none sends records unauthenticated; set "
+                            "security.allow.plaintext: true if that is really meant")
+    else:
+        sources = [k for k in ("password.file", "password.env", "key.file")
+                   if getattr(sec, k.replace(".", "_"))]
+        if len(sources) != 1:
+            problems.append("security: give exactly one of password.file, password.env, "
+                            f"key.file (found {', '.join(sources) or 'none'})")
+        if (sec.password_file or sec.password_env) and not sec.salt:
+            problems.append("security.salt: required with a password")
+    if not t.sender.topics and not t.sender.topics_regex:
+        problems.append("sender: name at least one topic in topics or topics.regex")
+    for side in SIDES:
+        kafka = getattr(t, side).kafka
+        if "bootstrap.servers" not in kafka:
+            problems.append(f"{side}.kafka.bootstrap.servers: required")
+        for k, v in kafka.items():
+            if not isinstance(v, (str, int, float, bool)):
+                problems.append(f"{side}.kafka.{k}: must be a scalar librdkafka value")
+    for src, dst in t.receiver.topic_rename.items():
+        if not isinstance(dst, str) or not dst:
+            problems.append(f"receiver.topic.rename.{src}: must be a topic name")
+    seen = {}
+    for i, b in enumerate(t.brokers):
+        if b.listen in seen:
+            problems.append(f"brokers[{i}].listen: {b.listen} is already brokers[{seen[b.listen]}]")
+        seen[b.listen] = i
+        if b.listen.rpartition(":")[2] == str(t.link.port):
+            problems.append(f"brokers[{i}].listen: port {t.link.port} is the link's UDP port")
+    return problems
+
+
+# -- the plan: processes, CPUs, endpoints ------------------------------------------------------
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    side: str
+    stage: str
+    index: int
+    cpus: tuple
+
+    @property
+    def name(self) -> str:
+        return f"{self.side}/{self.stage}-{self.index}"
+
+
+def endpoint(run_dir: str, side: str, stage: str, index: int, purpose: str = "in") -> str:
+    """A queue's ZeroMQ address: ipc in the run directory; inproc when run_dir is "inproc"
+    (stage tests drive a stage in one process with in-memory sockets)."""
+    if run_dir == "inproc":
+        return f"inproc://{side}-{stage}-{index}.{purpose}"
+    return f"ipc://{run_dir}/{side}-{stage}-{index}.{purpose}"
+
+
+def plan(t: Topology, sides=SIDES) -> list[WorkerSpec]:
+    """Every process the supervisor forks, in data-flow order per side."""
+    specs = []
+    for side in sides:
+        for stage in PIPELINES[side]:
+            s = t.stage(side, stage)
+            for i in range(s.instances):
+                specs.append(WorkerSpec(side, stage, i, tuple(s.cpus)))
+    return specs
+
+
+# -- reference documentation -------------------------------------------------------------------
+
+def _type_name(f) -> str:
+    tp = f.type if isinstance(f.type, type) else typing.get_origin(f.type)
+    if isinstance(f.type, types.GenericAlias):
+        tp = typing.get_origin(f.type)
+    return {bool: "bool", int: "int", float: "number", str: "string", list: "list",
+            dict: "map"}.get(tp, "section")
+
+
+def _default(f) -> str:
+    if f.default is not dataclasses.MISSING:
+        return "" if f.default is None else repr(f.default) if f.default != "" else '""'
+    return repr(f.default_factory())
+
+
+def reference_markdown() -> str:
+    """docs/topology.md, generated from the registry (`diode docs`)."""
+    out = ["# Topology reference", "",
+           "Generated from `diode/topology.py` by `diode docs > docs/topology.md`; a test keeps "
+           "the two equal. Keys are lowercase and dotted, with units in the name. Every error "
+           "in a file is reported at once, with its key path (`diode check FILE`).", ""]
+
+    def table(title, cls, prefix):
+        out.extend([f"## {title}", "", "| key | type | default | meaning |",
+                    "| --- | --- | --- | --- |"])
+        for f in settings_of(cls):
+            if f.name in SECTIONS:
+                continue
+            doc = f.metadata["doc"]
+            if f.metadata.get("example"):
+                doc += f" Example: `{f.metadata['example']}`."
+            out.append(f"| `{prefix}{yaml_key(f.name)}` | {_type_name(f)} | `{_default(f)}` "
+                       f"| {doc} |")
+        out.append("")
+
+    table("Top level", Topology, "")
+    for name, cls in SECTIONS.items():
+        table(f"`{name}`", cls, f"{name}.")
+    table("`sender.stages.<type>` and `receiver.stages.<type>`", StageSettings, "")
+    table("`brokers[]`", BrokerSettings, "")
+    return "\n".join(out)

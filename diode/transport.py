@@ -1,0 +1,81 @@
+"""ZeroMQ plumbing between stages. Sockets are made in the child, after the fork.
+
+Who binds: the receiving end of every queue (a packer's input, a reader's acknowledgements), so
+a restarted worker comes back at the same ipc path and its peers reconnect by themselves.
+Pushing sockets set IMMEDIATE, so nothing is queued towards a peer that is not there (a dead
+packer); round robin then skips it.
+"""
+
+import pickle
+from collections import deque
+
+import zmq
+
+
+def pull(ctx: zmq.Context, endpoint: str, hwm: int) -> zmq.Socket:
+    s = ctx.socket(zmq.PULL)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.RCVHWM, hwm)
+    s.bind(endpoint)
+    return s
+
+
+def push(ctx: zmq.Context, endpoints, hwm: int) -> zmq.Socket:
+    """One PUSH socket connected to every endpoint: round robin among the live ones."""
+    s = ctx.socket(zmq.PUSH)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.SNDHWM, hwm)
+    s.setsockopt(zmq.IMMEDIATE, 1)
+    for ep in endpoints:
+        s.connect(ep)
+    return s
+
+
+def dumps(obj) -> bytes:
+    """Messages between our own processes (never anything from the network)."""
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+loads = pickle.loads
+
+
+def drain(sock: zmq.Socket, limit: int = 1 << 30):
+    """Every message waiting on `sock` (at most `limit`), without blocking."""
+    out = []
+    while len(out) < limit:
+        try:
+            out.append(sock.recv_multipart(zmq.NOBLOCK, copy=True))
+        except zmq.Again:
+            break
+    return out
+
+
+class Outbox:
+    """Messages waiting for room downstream. A stage stops taking input while its outbox is
+    full, which is how backpressure travels upstream without ever blocking a loop forever."""
+
+    def __init__(self, sock: zmq.Socket, limit: int = 4):
+        self.sock = sock
+        self.limit = limit
+        self.pending = deque()
+
+    def put(self, frames) -> None:
+        self.pending.append(frames)
+        self.flush()
+
+    def flush(self) -> bool:
+        """Send what the peers will take now; True when nothing is left."""
+        while self.pending:
+            try:
+                self.sock.send_multipart(self.pending[0], zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return False
+            self.pending.popleft()
+        return True
+
+    @property
+    def full(self) -> bool:
+        return len(self.pending) >= self.limit
+
+    def __len__(self):
+        return len(self.pending)

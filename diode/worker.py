@@ -1,0 +1,187 @@
+"""The worker side of a fork: boot one stage, run its loop, exit.
+
+The supervisor calls `run` in the child right after os.fork(); it never returns (os._exit), so no
+supervisor state or atexit handler runs twice. Signal handlers only record the signal; the loop
+acts on it.
+"""
+
+import ctypes
+import importlib
+import logging
+import mmap
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+
+import psutil
+import setproctitle
+import zmq
+
+from diode.metrics import Metrics
+from diode.topology import Topology, WorkerSpec
+
+log = logging.getLogger("diode.worker")
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class Secrets:
+    """Key material, loaded once by the supervisor and inherited by the children."""
+
+    cipher_id: int
+    master_key: bytes | None
+
+
+@dataclass
+class StageContext:
+    """Everything a stage needs; nothing live crosses the fork."""
+
+    topology: Topology
+    spec: WorkerSpec
+    run_dir: str
+    secrets: Secrets
+    zmq: zmq.Context
+    metrics: Metrics
+
+    @property
+    def hwm(self) -> int:
+        return self.topology.supervisor.queue_max_messages
+
+    def endpoint(self, stage: str, index: int, purpose: str = "in") -> str:
+        from diode.topology import endpoint
+        return endpoint(self.run_dir, self.spec.side, stage, index, purpose)
+
+    def instances(self, stage: str) -> int:
+        return self.topology.stage(self.spec.side, stage).instances
+
+
+class Stage:
+    """The stage contract (after Kafka Connect's SourceTask):
+
+    - __init__ stores settings only; `open()` makes sockets and clients, in the child;
+    - `step()` does one bounded piece of work (it never blocks for more than ~100 ms) and
+      returns False once the stage has finished draining after `stop()`;
+    - `stop()` only asks; `rewind()` is called when a worker downstream died (SIGUSR1);
+    - `close()` releases what `open()` made.
+    """
+
+    def __init__(self, ctx: StageContext):
+        self.ctx = ctx
+        self.t = ctx.topology
+        self.metrics = ctx.metrics
+        self.log = logging.getLogger(f"diode.{ctx.spec.name}")
+        self.stopping = False
+
+    def open(self) -> None:
+        pass
+
+    def step(self) -> bool:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self.stopping = True
+
+    def rewind(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Heartbeats:
+    """A shared anonymous mmap made before forking: slot i holds worker i's last beat
+    (CLOCK_MONOTONIC is the same clock in every process). Slots are aligned C doubles, written
+    and read in one 8-byte access, so a reader never sees half a value."""
+
+    def __init__(self, slots: int):
+        self.mem = mmap.mmap(-1, 8 * max(slots, 1))
+        self.slots = (ctypes.c_double * max(slots, 1)).from_buffer(self.mem)
+
+    def beat(self, slot: int) -> None:
+        self.slots[slot] = time.monotonic()
+
+    def last(self, slot: int) -> float:
+        return self.slots[slot]
+
+
+def stage_class(stage_type: str):
+    return importlib.import_module(f"stages.{stage_type}").Stage
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def run(spec: WorkerSpec, topology: Topology, run_dir: str, secrets: Secrets,
+        heartbeats: Heartbeats, slot: int, parent_pid: int) -> None:
+    """Child process entry point. Never returns."""
+    code = 1
+    try:
+        code = _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid)
+    except BaseException:
+        logging.getLogger(f"diode.{spec.name}").error("crashed:\n%s", traceback.format_exc())
+    finally:
+        logging.shutdown()
+        os._exit(code)
+
+
+def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid) -> int:
+    flags = {"stop": False, "rewind": False}
+
+    def on_stop(signum, frame):
+        flags["stop"] = True
+
+    def on_rewind(signum, frame):
+        flags["rewind"] = True
+
+    signal.signal(signal.SIGTERM, on_stop)
+    # Ctrl-C reaches the whole process group; the supervisor drains the stages in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, on_rewind)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _die_with_parent()
+    if os.getppid() != parent_pid:
+        return 1  # the supervisor died before we could ask to follow it
+    setproctitle.setproctitle(f"diode: {spec.name}")
+    if spec.cpus:
+        psutil.Process().cpu_affinity(list(spec.cpus))
+    heartbeats.beat(slot)
+
+    metrics = Metrics({"side": spec.side, "stage": spec.stage, "index": spec.index},
+                      f"{run_dir}/metrics/{spec.side}-{spec.stage}-{spec.index}.prom")
+    ctx = zmq.Context()
+    stage = stage_class(spec.stage)(StageContext(topology, spec, run_dir, secrets, ctx, metrics))
+    proc = psutil.Process()
+    try:
+        stage.open()
+        while True:
+            if flags["stop"] and not stage.stopping:
+                stage.stop()
+            if flags["rewind"]:
+                flags["rewind"] = False
+                stage.rewind()
+            if not stage.step():
+                break
+            heartbeats.beat(slot)
+            if time.monotonic() >= metrics._next_write:
+                metrics.set("cpu_seconds", sum(proc.cpu_times()[:2]))
+                metrics.maybe_write()
+    finally:
+        stage.close()
+        metrics.maybe_write(force=True)
+        ctx.destroy(linger=0)
+    return 0
+
+
+def configure_logging(level=logging.INFO) -> None:
+    logging.basicConfig(
+        level=level, stream=sys.stderr,
+        format="%(asctime)s %(levelname)-7s %(name)s[%(process)d] %(message)s")

@@ -1,0 +1,193 @@
+"""kafka_reader: reads the source topics with manual assignment and commits what was sent.
+
+Each reader owns a fixed share of the source partitions (diode.kafka.TopicSelector) and looks
+for new topics and partitions every refresh.topics.interval.seconds. Records go to the packers in
+messages of up to BATCH_RECORDS; udp_senders (and packers, for dead-lettered records)
+acknowledge them back, and the longest fully acknowledged prefix of each partition is committed
+to the source cluster's consumer group (diode.offsets.SentTracker).
+
+If acknowledgements stop coming (a packer or the udp_sender died: SIGUSR1 from the supervisor,
+or inflight.timeout.seconds passed), the reader rewinds to its committed positions and reads
+again: at least once.
+"""
+
+import os
+import time
+
+import zmq
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
+
+from diode import transport
+from diode.kafka import TopicSelector, consumer_config, partition_counts
+from diode.offsets import SentTracker
+from diode.records import from_kafka_message
+from diode.worker import Stage as BaseStage
+
+BATCH_RECORDS = 1000
+
+
+class Stage(BaseStage):
+    def open(self):
+        s = self.t.sender
+        self.selector = TopicSelector(
+            s.topics, s.topics_regex, exclude=[s.dead_letter_topic] if s.dead_letter_topic else [],
+            index=self.ctx.spec.index, readers=self.ctx.instances("kafka_reader"))
+        self.consumer = Consumer({**consumer_config(self.t), "on_commit": self._committed})
+        self.acks = transport.pull(self.ctx.zmq, self.ctx.endpoint("kafka_reader",
+                                   self.ctx.spec.index, "acks"), self.ctx.hwm * 16)
+        self.out = transport.Outbox(transport.push(
+            self.ctx.zmq, [self.ctx.endpoint("packer", i)
+                           for i in range(self.ctx.instances("packer"))], self.ctx.hwm))
+        self.tracker = SentTracker()
+        self.assigned: dict = {}          # (topic, partition) -> start offset when assigned
+        self.counts: dict = {}            # topic -> partition count
+        self.epoch = int.from_bytes(os.urandom(3), "big") << 32
+        self.seq = 0
+        self.next_refresh = 0.0
+        self.next_commit = time.monotonic() + s.offset_commit_interval_ms / 1000
+        self.waiting_since = None         # when acknowledgements were last outstanding and new
+        self.stop_deadline = None
+
+    # -- partitions --------------------------------------------------------------------------
+
+    def _refresh(self):
+        try:
+            self.counts = partition_counts(self.consumer)
+            new = sorted(self.selector.owned(self.counts) - self.assigned.keys())
+            if not new:
+                return
+            committed = self.consumer.committed([TopicPartition(t, p) for t, p in new],
+                                                timeout=10)
+        except Exception as exc:
+            self.log.warning("cannot read the source cluster's topics or committed offsets "
+                             "(%s); retrying in %.0f s", exc,
+                             self.t.sender.refresh_topics_interval_seconds)
+            self.metrics.inc("errors", reason="metadata")
+            return
+        start = OFFSET_BEGINNING if self.t.sender.start_position == "earliest" else OFFSET_END
+        tps = []
+        for tp in committed:
+            offset = tp.offset if tp.offset >= 0 else start
+            self.assigned[(tp.topic, tp.partition)] = offset
+            tps.append(TopicPartition(tp.topic, tp.partition, offset))
+        self.consumer.incremental_assign(tps)
+        self.log.info("reading %d new partition(s): %s", len(tps),
+                      ", ".join(f"{t.topic}[{t.partition}]@{_where(t.offset)}" for t in tps))
+        self.metrics.set("partitions", len(self.assigned))
+
+    def rewind(self):
+        """Read again everything after the committed positions."""
+        positions = self.tracker.positions()
+        lost = self.tracker.inflight
+        self.tracker.reset()
+        self.epoch += 1 << 32  # acknowledgements of earlier messages are ignored from now
+        self.out.pending.clear()
+        tps = [TopicPartition(t, p, positions.get((t, p), start))
+               for (t, p), start in self.assigned.items()]
+        if tps:
+            self.consumer.assign(tps)
+        self.waiting_since = None
+        self.metrics.inc("rewinds")
+        self.log.warning("rewound %d partition(s) to the committed positions: %d record(s) in "
+                         "flight are read again", len(tps), lost)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def step(self):
+        now = time.monotonic()
+        self._take_acks()
+        if self.stopping:
+            return self._drain_step(now)
+        if now >= self.next_refresh:
+            self._refresh()
+            self.next_refresh = now + self.t.sender.refresh_topics_interval_seconds
+        if self.out.flush() and self.tracker.inflight < self.t.sender.max_inflight_records \
+                and self.assigned:
+            self._read()
+        else:
+            self.acks.poll(20)
+        self._check_stalled(now)
+        if now >= self.next_commit:
+            self._commit()
+            self.next_commit = now + self.t.sender.offset_commit_interval_ms / 1000
+        return True
+
+    def _read(self):
+        msgs = self.consumer.consume(BATCH_RECORDS, timeout=0.05)
+        records = []
+        for m in msgs:
+            err = m.error()
+            if err is None:
+                records.append(from_kafka_message(m))
+            elif err.code() != KafkaError._PARTITION_EOF:
+                self.log.warning("source cluster: %s", err)
+                self.metrics.inc("errors", reason="consume")
+        if not records:
+            return
+        self.seq += 1
+        msg_id = self.epoch | self.seq
+        counts = {r.topic: self.counts.get(r.topic, r.partition + 1) for r in records}
+        self.tracker.dispatched(msg_id, records)
+        self.out.put([transport.dumps((self.ctx.spec.index, msg_id, records, counts))])
+        self.metrics.inc("records", len(records))
+        if self.waiting_since is None:
+            self.waiting_since = time.monotonic()
+
+    def _take_acks(self):
+        progressed = False
+        for (frame,) in transport.drain(self.acks):
+            for msg_id, count in transport.loads(frame):
+                self.tracker.acknowledged(msg_id, count)
+                progressed = True
+        if progressed:
+            self.waiting_since = time.monotonic() if self.tracker.inflight else None
+        self.metrics.set("inflight_records", self.tracker.inflight)
+
+    def _check_stalled(self, now):
+        timeout = self.t.sender.inflight_timeout_seconds
+        if self.waiting_since is not None and self.tracker.inflight \
+                and now - self.waiting_since > timeout:
+            self.log.warning("no record acknowledged as sent for %.0f s", timeout)
+            self.rewind()
+
+    def _commit(self, sync=False):
+        changed = self.tracker.take_changed()
+        if not changed:
+            return
+        tps = [TopicPartition(t, p, offset) for (t, p), offset in changed.items()]
+        try:
+            self.consumer.commit(offsets=tps, asynchronous=not sync)
+            self.metrics.inc("commits")
+        except Exception as exc:
+            self.log.warning("offset commit failed (%s); the next one covers it", exc)
+            self.metrics.inc("errors", reason="commit")
+            self.tracker.retry(changed)  # the next commit covers these
+
+    def _committed(self, err, partitions):
+        """Commit result (served by consume()): failed positions are committed again."""
+        failed = [(tp.topic, tp.partition) for tp in partitions if err or tp.error]
+        if failed:
+            self.log.warning("offset commit failed (%s); retrying", err or partitions[0].error)
+            self.metrics.inc("errors", reason="commit")
+            self.tracker.retry(failed)
+
+    def _drain_step(self, now):
+        """Read nothing more; wait for what is in flight to be sent, commit, finish."""
+        if self.stop_deadline is None:
+            self.stop_deadline = now + self.t.supervisor.drain_timeout_seconds * 0.75
+        self.out.flush()
+        if self.tracker.inflight and now < self.stop_deadline:
+            self.acks.poll(20)
+            return True
+        if self.tracker.inflight:
+            self.log.warning("stopping with %d record(s) not acknowledged as sent: they are "
+                             "read again at the next start", self.tracker.inflight)
+        self._commit(sync=True)
+        return False
+
+    def close(self):
+        self.consumer.close()
+
+
+def _where(offset):
+    return {OFFSET_BEGINNING: "earliest", OFFSET_END: "latest"}.get(offset, offset)

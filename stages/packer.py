@@ -1,0 +1,135 @@
+"""packer: records in, datagrams out (Avro batch, compressed, encrypted).
+
+Each packer process is its own sender session: a random session id, a key derived for it, and a
+sequence number that is the AEAD nonce. It fills datagrams up to link.datagram.size.bytes
+(diode.batching.DatagramBuilder), waits at most batch.linger.ms for more records, and tells the
+udp_sender which reader messages each datagram carries. A record too large for any datagram goes
+to the dead-letter topic on the source cluster and is acknowledged once it is there.
+"""
+
+import time
+
+import zmq
+from confluent_kafka import Producer
+
+from diode import crypto, transport, wire
+from diode.batching import DatagramBuilder
+from diode.kafka import producer_config
+from diode.records import provenance_headers
+from diode.worker import Stage as BaseStage
+
+
+class Stage(BaseStage):
+    def open(self):
+        ctx = self.ctx
+        self.input = transport.pull(ctx.zmq, ctx.endpoint("packer", ctx.spec.index), ctx.hwm)
+        self.out = transport.Outbox(transport.push(
+            ctx.zmq, [ctx.endpoint("udp_sender", 0)], ctx.hwm))
+        readers = ctx.instances("kafka_reader")
+        self.acks = [transport.push(ctx.zmq, [ctx.endpoint("kafka_reader", i, "acks")],
+                                    ctx.hwm * 16) for i in range(readers)]
+        session = crypto.new_session_id()
+        cipher = crypto.SessionCipher(ctx.secrets.cipher_id, ctx.secrets.master_key, session)
+        self.sealer = wire.Sealer(cipher, self.t.compression)
+        self.counts: dict = {}
+        self.builder = DatagramBuilder(self.t.link.datagram_size_bytes, self.sealer.seal,
+                                       self.t.compression != "none",
+                                       lambda topic: self.counts.get(topic, 1))
+        self.linger = self.t.sender.batch_linger_ms / 1000
+        self.first_pending = None
+        self.dlq = None
+        self.idle_since = None
+        self.log.info("session %016x", session)
+
+    def step(self):
+        now = time.monotonic()
+        if self.dlq is not None:
+            self.dlq.poll(0)
+        if not self.out.flush():
+            self.out.sock.poll(50, zmq.POLLOUT)
+            return True
+        if self.input.poll(self._wait_ms(now)):
+            self.idle_since = None
+            for (frame,) in transport.drain(self.input, 64):
+                reader, msg_id, records, counts = transport.loads(frame)
+                self.counts.update(counts)
+                for r in records:
+                    self._emit(*self.builder.add(r, (reader, msg_id)))
+                if self.first_pending is None and self.builder.pending:
+                    self.first_pending = now
+                if self.out.full:
+                    break
+        elif self.stopping:
+            self.idle_since = self.idle_since or now
+        now = time.monotonic()
+        if self.builder.pending and (now - self.first_pending >= self.linger or self.stopping):
+            self._emit(*self.builder.flush())
+        if self.stopping and self.idle_since and now - self.idle_since > 0.3:
+            # upstream has stopped and our input is quiet: flush and finish
+            return not (self.out.flush() and self._dlq_done())
+        return True
+
+    def _wait_ms(self, now):
+        if self.builder.pending:
+            return max(0, int((self.first_pending + self.linger - now) * 1000))
+        return 50
+
+    def _emit(self, sealed, oversize):
+        if sealed:
+            self.first_pending = time.monotonic() if self.builder.pending else None
+            meta = [[(reader, msg_id, n) for (reader, msg_id), n in s.tags.items()]
+                    for s in sealed]
+            self.out.put([transport.dumps(meta)] + [s.datagram for s in sealed])
+            self.metrics.inc("datagrams", len(sealed))
+            self.metrics.inc("bytes", sum(len(s.datagram) for s in sealed))
+        for record, tag in oversize:
+            self._dead_letter(record, tag)
+
+    # -- records too large for a datagram ----------------------------------------------------
+
+    def _dead_letter(self, record, tag):
+        topic = self.t.sender.dead_letter_topic
+        size = len(record.key or b"") + len(record.value or b"")
+        self.log.error("record %s[%d]@%d (%d bytes) does not fit in a %d-byte datagram: %s",
+                       record.topic, record.partition, record.offset, size,
+                       self.t.link.datagram_size_bytes,
+                       f"written to the dead-letter topic {topic}" if topic else "skipped")
+        self.metrics.inc("dead_letter_records")
+        if not topic:
+            self._ack(tag)
+            return
+        if self.dlq is None:
+            self.dlq = Producer(producer_config(self.t.sender.kafka))
+        headers = provenance_headers(record) + [
+            ("diodeError", f"record of {size} bytes exceeds link.datagram.size.bytes "
+                           f"{self.t.link.datagram_size_bytes}".encode())]
+
+        def delivered(err, msg, tag=tag, record=record):
+            if err is None:
+                self._ack(tag)
+            else:
+                self.log.error("dead-letter write of %s[%d]@%d failed: %s; it is read again "
+                               "after the reader's inflight timeout", record.topic,
+                               record.partition, record.offset, err)
+
+        while True:
+            try:
+                self.dlq.produce(topic, key=record.key, value=record.value, headers=headers,
+                                 on_delivery=delivered)
+                break
+            except BufferError:
+                self.dlq.poll(0.1)
+
+    def _ack(self, tag):
+        reader, msg_id = tag
+        try:
+            self.acks[reader].send(transport.dumps([(msg_id, 1)]), zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the reader is gone; its successor re-reads from its commits
+
+    def _dlq_done(self):
+        return self.dlq is None or self.dlq.flush(5) == 0
+
+    def close(self):
+        if self.dlq is not None:
+            self.dlq.flush(5)

@@ -1,0 +1,83 @@
+"""udp_sender: the one process that writes to the link.
+
+It paces datagrams to link.rate.mbps (diode.pacing.Pacer) and, once the kernel has taken a
+datagram, acknowledges its records to the readers that read them: only then may their offsets
+be committed.
+"""
+
+import socket
+import time
+from collections import deque
+
+import zmq
+
+from diode import transport
+from diode.pacing import Pacer
+from diode.worker import Stage as BaseStage
+
+# UDP and IPv4 headers: pacing counts what the link carries.
+IP_UDP_OVERHEAD = 28
+
+
+class Stage(BaseStage):
+    def open(self):
+        ctx = self.ctx
+        link = self.t.link
+        self.input = transport.pull(ctx.zmq, ctx.endpoint("udp_sender", 0), ctx.hwm)
+        self.acks = [transport.push(ctx.zmq, [ctx.endpoint("kafka_reader", i, "acks")],
+                                    ctx.hwm * 16)
+                     for i in range(ctx.instances("kafka_reader"))]
+        self.addr = (link.host, link.port)
+        family = socket.AF_INET6 if ":" in link.host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * 1024 * 1024)
+        self.pacer = Pacer(link.rate_mbps * 1e6 / 8, burst_bytes=2 * link.datagram_size_bytes)
+        self.idle_since = None
+        self.pending_acks: dict[int, list] = {}
+        self.backlog = deque()  # (datagram, acks) taken from a packer, not yet sent
+
+    def step(self):
+        if self.backlog:
+            self._send_backlog()
+            return True
+        if not self.input.poll(50):
+            if self.stopping:
+                self.idle_since = self.idle_since or time.monotonic()
+                return time.monotonic() - self.idle_since < 0.3
+            return True
+        self.idle_since = None
+        for frames in transport.drain(self.input, 16):
+            self.backlog.extend(zip(frames[1:], transport.loads(frames[0])))
+        self._send_backlog()
+        return True
+
+    def _send_backlog(self):
+        while self.backlog:
+            datagram, acks = self.backlog[0]
+            self.pacer.wait(len(datagram) + IP_UDP_OVERHEAD)
+            try:
+                self.sock.sendto(datagram, self.addr)
+            except OSError as exc:
+                # Not handed to the kernel: not acknowledged, so never committed. Retried at the
+                # next step until the network comes back.
+                self.metrics.inc("errors", reason="send")
+                self.log.warning("sendto %s:%d failed (%s); retrying", *self.addr, exc)
+                time.sleep(0.2)
+                break
+            self.backlog.popleft()
+            self.metrics.inc("datagrams")
+            self.metrics.inc("bytes", len(datagram))
+            for reader, msg_id, n in acks:
+                self.pending_acks.setdefault(reader, []).append((msg_id, n))
+        self._flush_acks()
+
+    def _flush_acks(self):
+        for reader, acks in self.pending_acks.items():
+            try:
+                self.acks[reader].send(transport.dumps(acks), zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # that reader is gone; its successor re-reads from its commits
+        self.pending_acks.clear()
+
+    def close(self):
+        self.sock.close()

@@ -1,0 +1,254 @@
+"""Fixtures shared by the stage and integration tests: free ports, embedded brokers, topologies,
+a launched diode, and Kafka helpers that cope with the embedded broker's quirks (DESIGN.md §7:
+its "latest" offset is wrong, so consumers read until they have what they expect)."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from diode.brokers import EmbeddedBroker
+from diode.metrics import read_counter
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port(kind=socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def brokers(tmp_path):
+    """A source and a destination broker on free ports."""
+    started = []
+    try:
+        for name in ("source", "destination"):
+            b = EmbeddedBroker(name, f"127.0.0.1:{free_port()}", str(tmp_path / f"{name}.log"))
+            started.append(b.start())
+        yield tuple(started)
+    finally:
+        for b in started:
+            b.stop()
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k),
+                                                                               dict) else v
+    return out
+
+
+def write_topology(tmp_path, source: str, destination: str, **overrides) -> Path:
+    """A topology file for brokers at `source` and `destination` (bootstrap strings), with a
+    password file beside it; `overrides` are deep-merged sections."""
+    (tmp_path / "password").write_text("test password\n")
+    data = {
+        "name": "test",
+        "link": {"host": "127.0.0.1", "port": free_port(socket.SOCK_DGRAM),
+                 "bind.address": "127.0.0.1", "datagram.size.bytes": 8972, "rate.mbps": 200},
+        "security": {"password.file": "password", "salt": "test salt"},
+        "sender": {"kafka": {"bootstrap.servers": source}, "topics": ["src"],
+                   "refresh.topics.interval.seconds": 1, "offset.commit.interval.ms": 300,
+                   "inflight.timeout.seconds": 10},
+        "receiver": {"kafka": {"bootstrap.servers": destination}, "topic.prefix": "dst_"},
+        "supervisor": {"restart.backoff.initial.ms": 50, "drain.timeout.seconds": 10,
+                       "heartbeat.timeout.seconds": 10},
+    }
+    data = deep_merge(data, overrides)
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+class Launched:
+    """`diode launch` in a subprocess, with its run directory for metrics."""
+
+    def __init__(self, topology: Path, run_dir: Path, side: str = "both"):
+        self.run_dir = run_dir
+        self.log = open(run_dir.parent / f"launch-{side}.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "diode", "launch", str(topology), "--side", side,
+             "--run-dir", str(run_dir)], stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.ps = psutil.Process(self.proc.pid)
+
+    def workers(self) -> dict:
+        """Process title ("sender/packer-0") -> psutil.Process of every live worker."""
+        out = {}
+        for child in self.ps.children():
+            try:
+                title = " ".join(child.cmdline()).strip()
+            except psutil.Error:
+                continue
+            if title.startswith("diode: ") and not title.startswith("diode: supervisor"):
+                out[title[len("diode: "):]] = child
+        return out
+
+    def wait_workers(self, count: int, timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"diode exited early:\n{self.output()}"
+            w = self.workers()
+            if len(w) >= count:
+                return w
+            time.sleep(0.1)
+        raise AssertionError(f"only {self.workers()} started:\n{self.output()}")
+
+    def wait_ready(self, count: int, timeout: float = 30) -> None:
+        """Until `count` workers have opened their sockets and clients (each writes its metrics
+        file after its first step)."""
+        deadline = time.monotonic() + timeout
+        while len(list((self.run_dir / "metrics").glob("*.prom"))) < count:
+            assert self.proc.poll() is None, f"diode exited early:\n{self.output()}"
+            assert time.monotonic() < deadline, f"workers not ready:\n{self.output()}"
+            time.sleep(0.05)
+
+    def metric(self, name: str, stage: str, **labels) -> float:
+        total = 0.0
+        for f in (self.run_dir / "metrics").glob(f"*-{stage}-*.prom"):
+            total += read_counter(f.read_text(), name, **labels)
+        return total
+
+    def output(self) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        return (self.run_dir.parent / Path(self.log.name).name).read_text(errors="replace")
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.kill()
+
+    def kill(self):
+        for p in [*self.ps.children(recursive=True)] if self.proc.poll() is None else []:
+            p.kill()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def launch(tmp_path):
+    started = []
+
+    def start(topology: Path, side: str = "both", workers: int | None = None) -> Launched:
+        run_dir = tmp_path / f"run-{side}"
+        run_dir.mkdir(exist_ok=True)
+        d = Launched(topology, run_dir, side)
+        started.append(d)
+        if workers:
+            d.wait_workers(workers)
+            d.wait_ready(workers)
+        return d
+
+    yield start
+    for d in started:
+        if d.proc.poll() is None:
+            d.stop(signal.SIGKILL, 10)
+
+
+# -- Kafka helpers -------------------------------------------------------------------------------
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.create_topics([NewTopic(topic, partitions)]).values():
+        fut.result(10)
+
+
+def produce(bootstrap: str, topic: str, records) -> None:
+    """records: dicts with value and optional key, headers, timestamp, partition."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for r in records:
+        while True:
+            try:
+                p.produce(topic, **r)
+                break
+            except BufferError:
+                p.poll(0.1)
+        p.poll(0)
+    assert p.flush(30) == 0
+
+
+def consume(bootstrap: str, topic: str, expected: int, timeout: float = 60,
+            idle: float = 0.0, distinct=None) -> list:
+    """Every record of `topic` from the beginning, until `expected` have come (then `idle`
+    seconds more, to catch extras) or `timeout`. With `distinct` (message -> key), count
+    distinct keys: duplicates do not make up for missing records."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-reader",
+                  "enable.auto.commit": False})
+    out, keys = [], set()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            md = c.list_topics(topic, timeout=5).topics.get(topic)
+            if md is not None and md.error is None and md.partitions:
+                c.assign([TopicPartition(topic, p, 0) for p in md.partitions])
+                break
+            time.sleep(0.2)
+        quiet_until = None
+        while time.monotonic() < deadline:
+            for m in c.consume(1000, timeout=0.2):
+                if m.error() is None:
+                    out.append(m)
+                    if distinct:
+                        keys.add(distinct(m))
+            if (len(keys) if distinct else len(out)) >= expected:
+                quiet_until = quiet_until or time.monotonic() + idle
+                if time.monotonic() >= quiet_until:
+                    break
+    finally:
+        c.close()
+    return out
+
+
+def topics(bootstrap: str) -> dict:
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
+    return {name: len(t.partitions) for name, t in md.topics.items()}
+
+
+def headers_of(msg) -> dict:
+    return {k: v for k, v in (msg.headers() or [])}
+
+
+def source_coordinates(msgs) -> list:
+    """(sourceTopic, sourcePartition, sourceOffset) of destination records."""
+    out = []
+    for m in msgs:
+        h = headers_of(m)
+        out.append((h["sourceTopic"].decode(), int(h["sourcePartition"]),
+                    int(h["sourceOffset"])))
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def larger_receive_buffers():
+    """Root may raise net.core.rmem_max for the tests (the product only warns when it can't)."""
+    path = Path("/proc/sys/net/core/rmem_max")
+    old = None
+    try:
+        if int(path.read_text()) < 33554432:
+            old = path.read_text().strip()
+            path.write_text("33554432")
+    except (OSError, ValueError):
+        old = None  # not root, or not Linux: the tests pace the link instead
+    yield
+    if old is not None:
+        try:
+            path.write_text(old)
+        except OSError:
+            pass

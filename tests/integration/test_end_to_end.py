@@ -1,0 +1,278 @@
+"""Whole topologies against embedded brokers: what an operator sees."""
+
+import random
+import signal
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from tests.conftest import (consume, create_topic, headers_of, produce, source_coordinates,
+                            topics, write_topology)
+
+SENDER, RECEIVER = 3, 3  # default worker processes per side
+
+
+def test_records_arrive_intact_with_provenance(tmp_path, brokers, launch):
+    src, dst = brokers
+    create_topic(src.bootstrap, "src", 3)
+    sent = []
+    for i in range(300):
+        r = {"value": f"value-{i}-".encode() * random.randint(1, 40),
+             "key": None if i % 7 == 0 else f"key-{i % 13}".encode(),
+             "headers": [("trace", f"t{i}".encode()), ("empty", None)] if i % 2 else [],
+             "timestamp": 1_700_000_000_000 + i, "partition": i % 3}
+        sent.append(r)
+    produce(src.bootstrap, "src", sent)
+    topo = write_topology(tmp_path, src.bootstrap, dst.bootstrap, compression="zstd")
+    d = launch(topo, workers=SENDER + RECEIVER)
+
+    got = consume(dst.bootstrap, "dst_src", 300, idle=1)
+    assert len(got) == 300, d.output()
+    assert topics(dst.bootstrap)["dst_src"] == 3  # created with the source's partition count
+    by_value = {m.value(): m for m in got}
+    for r in sent:
+        m = by_value[r["value"]]
+        h = m.headers() or []
+        assert m.key() == r["key"]
+        assert h[:-3] == [(k, v) for k, v in r["headers"]]  # own headers first, in order
+        assert m.timestamp()[1] == r["timestamp"]
+        assert m.partition() == r["partition"]  # same partition number
+        prov = headers_of(m)
+        assert prov["sourceTopic"] == b"src"
+        assert prov["sourcePartition"] == str(r["partition"]).encode()
+    coords = source_coordinates(got)
+    assert sorted(coords) == sorted(set(coords))
+    # Each source partition's offsets arrive complete: 100 records, offsets 0..99.
+    for p in range(3):
+        assert sorted(o for t, pp, o in coords if pp == p) == list(range(100))
+
+    # The sent prefix is committed to the source cluster's consumer group (lag tools see it).
+    c = Consumer({"bootstrap.servers": src.bootstrap, "group.id": "diode-test"})
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        committed = c.committed([TopicPartition("src", p) for p in range(3)], timeout=5)
+        if [tp.offset for tp in committed] == [100, 100, 100]:
+            break
+        time.sleep(0.3)
+    c.close()
+    assert [tp.offset for tp in committed] == [100, 100, 100]
+    assert d.stop() == 0
+
+
+def test_topics_by_regex_and_new_partitions_are_picked_up_while_running(tmp_path, brokers,
+                                                                         launch):
+    src, dst = brokers
+    topo = write_topology(tmp_path, src.bootstrap, dst.bootstrap,
+                          sender={"topics": [], "topics.regex": ["metrics-.*"]},
+                          receiver={"topic.prefix": "", "topic.rename": {"metrics-b": "renamed"}})
+    launch(topo, workers=SENDER + RECEIVER)
+    create_topic(src.bootstrap, "metrics-a", 2)
+    create_topic(src.bootstrap, "metrics-b", 1)
+    create_topic(src.bootstrap, "other", 1)
+    produce(src.bootstrap, "metrics-a", [{"value": b"a%d" % i, "partition": i % 2}
+                                         for i in range(10)])
+    produce(src.bootstrap, "metrics-b", [{"value": b"b%d" % i} for i in range(5)])
+    produce(src.bootstrap, "other", [{"value": b"not replicated"}])
+    assert sorted(m.value() for m in consume(dst.bootstrap, "metrics-a", 10)) == sorted(
+        b"a%d" % i for i in range(10))
+    assert len(consume(dst.bootstrap, "renamed", 5)) == 5
+    time.sleep(1)
+    assert "other" not in topics(dst.bootstrap)
+
+
+def test_sender_workers_killed_mid_stream_lose_no_record(tmp_path, brokers, launch):
+    """SIGKILL packers, the udp_sender and readers while 30 000 records stream: all arrive."""
+    src, dst = brokers
+    total = 30000
+    create_topic(src.bootstrap, "src", 4)
+    topo = write_topology(
+        tmp_path, src.bootstrap, dst.bootstrap,
+        sender={"stages": {"kafka_reader": {"instances": 2}, "packer": {"instances": 2}},
+                "inflight.timeout.seconds": 5},
+        supervisor={"restart.max": 20})
+    d = launch(topo, workers=5 + RECEIVER)
+
+    def stream():
+        for start in range(0, total, 1000):
+            produce(src.bootstrap, "src", [{"value": b"r%06d" % i + b"." * 100,
+                                            "partition": i % 4}
+                                           for i in range(start, start + 1000)])
+            time.sleep(0.05)
+
+    producer = threading.Thread(target=stream, daemon=True)
+    producer.start()
+    killed = []
+    for victim in ["sender/packer-0", "sender/udp_sender-0", "sender/kafka_reader-1",
+                   "sender/packer-1", "sender/kafka_reader-0", "sender/udp_sender-0"]:
+        time.sleep(0.4)
+        w = d.wait_workers(5 + RECEIVER)  # the previous victim is back
+        w[victim].send_signal(signal.SIGKILL)
+        killed.append(victim)
+    producer.join()
+
+    got = consume(dst.bootstrap, "dst_src", total, timeout=120, distinct=lambda m: m.value())
+    values = {m.value()[:7] for m in got}
+    missing = total - len(values)
+    assert missing == 0, f"{missing} records lost after killing {killed}\n{d.output()}"
+    assert d.metric("rewinds", "kafka_reader") >= 1  # the readers re-sent what was in flight
+    assert d.stop() == 0
+
+
+def test_garbage_datagrams_crash_nothing_and_write_nothing(tmp_path, brokers, launch):
+    src, dst = brokers
+    topo = write_topology(tmp_path, src.bootstrap, dst.bootstrap)
+    d = launch(topo, side="receiver", workers=RECEIVER)
+    pids = {name: p.pid for name, p in d.workers().items()}
+    port = int(topo.read_text().split("port: ")[1].split()[0])
+    rng = random.Random(7)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    valid_header = b"\xd1\x0d\x01\x01\x01\x00\x00\x00" + bytes(20)
+    sent = 0
+    for i in range(3000):
+        kind = i % 4
+        if kind == 0:
+            dg = rng.randbytes(rng.randint(0, 1400))
+        elif kind == 1:
+            dg = valid_header[:rng.randint(0, 27)]  # truncated header
+        elif kind == 2:
+            dg = valid_header + rng.randbytes(rng.randint(0, 1400))  # forged, no valid tag
+        else:
+            dg = b"\xd1\x0d\x09" + rng.randbytes(100)  # a future version
+        s.sendto(dg, ("127.0.0.1", port))
+        sent += 1
+        if i % 200 == 0:
+            time.sleep(0.01)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and d.metric("datagrams", "udp_reader") < sent:
+        time.sleep(0.2)
+    time.sleep(1.5)
+    assert d.metric("datagrams", "udp_reader") == sent
+    rejected = d.metric("rejects", "udp_reader") + d.metric("rejects", "unpacker")
+    assert rejected == sent
+    assert d.metric("rejects", "unpacker", reason="auth_failed") >= 700
+    assert d.metric("rejects", "udp_reader", reason="bad_version") == 750
+    assert d.metric("records", "kafka_writer") == 0
+    assert not [t for t in topics(dst.bootstrap) if not t.startswith("__")]
+    assert {name: p.pid for name, p in d.workers().items()} == pids  # nothing restarted
+
+    # ... and the receiver still works: a real sender's records arrive.
+    create_topic(src.bootstrap, "src", 1)
+    produce(src.bootstrap, "src", [{"value": b"after the garbage"}])
+    launch(topo, side="sender", workers=SENDER)
+    assert [m.value() for m in consume(dst.bootstrap, "dst_src", 1)] == [b"after the garbage"]
+
+
+def test_wrong_password_is_rejected_and_writes_nothing(tmp_path, brokers, launch):
+    src, dst = brokers
+    create_topic(src.bootstrap, "src", 1)
+    produce(src.bootstrap, "src", [{"value": b"secret %d" % i} for i in range(50)])
+    receiver_topo = write_topology(tmp_path, src.bootstrap, dst.bootstrap)
+    sender_dir = tmp_path / "sender"
+    sender_dir.mkdir()
+    sender_topo = write_topology(sender_dir, src.bootstrap, dst.bootstrap)
+    sender_topo.write_text(sender_topo.read_text().replace(
+        str(sender_topo.read_text().split("port: ")[1].split()[0]),
+        receiver_topo.read_text().split("port: ")[1].split()[0], 1))
+    (sender_dir / "password").write_text("another password\n")
+    d = launch(receiver_topo, side="receiver", workers=RECEIVER)
+    launch(sender_topo, side="sender", workers=SENDER)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not d.metric("rejects", "unpacker"):
+        time.sleep(0.2)
+    assert d.metric("rejects", "unpacker", reason="auth_failed") >= 1
+    assert d.metric("records", "kafka_writer") == 0
+    assert "dst_src" not in topics(dst.bootstrap)
+
+
+def test_record_too_large_for_a_datagram_goes_to_the_dead_letter_topic(tmp_path, brokers,
+                                                                       launch):
+    src, dst = brokers
+    create_topic(src.bootstrap, "src", 1)
+    produce(src.bootstrap, "src", [{"value": b"small before"}, {"value": b"X" * 5000},
+                                   {"value": b"small after"}])
+    topo = write_topology(tmp_path, src.bootstrap, dst.bootstrap,
+                          link={"datagram.size.bytes": 1472},
+                          sender={"dead.letter.topic": "too-big"})
+    d = launch(topo, workers=SENDER + RECEIVER)
+    got = consume(dst.bootstrap, "dst_src", 2, idle=1)
+    assert [m.value() for m in got] == [b"small before", b"small after"]
+    dead = consume(src.bootstrap, "too-big", 1)
+    assert dead[0].value() == b"X" * 5000
+    h = headers_of(dead[0])
+    assert (h["sourceTopic"], h["sourcePartition"], h["sourceOffset"]) == (b"src", b"0", b"1")
+    assert "src[0]@1 (5000 bytes) does not fit" in d.output()
+    # The record was handled, so the committed offset moves past it.
+    c = Consumer({"bootstrap.servers": src.bootstrap, "group.id": "diode-test"})
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        (tp,) = c.committed([TopicPartition("src", 0)], timeout=5)
+        if tp.offset == 3:
+            break
+        time.sleep(0.3)
+    c.close()
+    assert tp.offset == 3
+
+
+def test_sigterm_drains_and_leaves_no_process_behind(tmp_path, launch):
+    """With embedded brokers started by the launch itself, as the demo does."""
+    from tests.conftest import free_port
+    sp, dp = free_port(), free_port()
+    topo = write_topology(
+        tmp_path, f"127.0.0.1:{sp}", f"127.0.0.1:{dp}",
+        brokers=[{"name": "source", "side": "sender", "listen": f"127.0.0.1:{sp}"},
+                 {"name": "destination", "side": "receiver", "listen": f"127.0.0.1:{dp}"}])
+    d = launch(topo, workers=SENDER + RECEIVER)
+    create_topic(f"127.0.0.1:{sp}", "src", 1)
+    produce(f"127.0.0.1:{sp}", "src", [{"value": b"v%d" % i} for i in range(100)])
+    assert len(consume(f"127.0.0.1:{dp}", "dst_src", 100)) == 100
+    everything = d.ps.children(recursive=True)
+    assert len(everything) == SENDER + RECEIVER + 2  # workers and two brokers
+    assert d.stop(signal.SIGTERM, timeout=60) == 0
+    gone, alive = psutil.wait_procs(everything, timeout=5)
+    assert alive == []
+    assert "draining" in d.output()
+
+
+def test_a_worker_that_keeps_dying_stops_the_side_loudly(tmp_path, brokers, launch):
+    src, dst = brokers
+    topo = write_topology(tmp_path, src.bootstrap, dst.bootstrap,
+                          supervisor={"restart.max": 2, "restart.window.seconds": 60})
+    d = launch(topo, side="receiver", workers=RECEIVER)
+    everything = d.ps.children(recursive=True)
+    for _ in range(3):
+        w = d.wait_workers(RECEIVER)
+        w["receiver/unpacker-0"].kill()
+        time.sleep(0.5)
+    assert d.proc.wait(30) == 1
+    assert "receiver/unpacker-0 keeps dying" in d.output()
+    gone, alive = psutil.wait_procs(everything, timeout=5)
+    assert alive == []
+
+
+def test_check_reports_every_error_at_once(tmp_path):
+    import subprocess
+    import sys
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("link:\n  prot: 3456\n  datagram.size.bytes: 70000\n"
+                   "sender:\n  stages:\n    udp_sender: {instances: 2}\n"
+                   "security:\n  cipher: none\n")
+    r = subprocess.run([sys.executable, "-m", "diode", "check", str(bad)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    for expected in ["link.prot: unknown key (did you mean port?)",
+                     "link.datagram.size.bytes: must be between 256 and 65507",
+                     "sender.stages.udp_sender.instances: must be 1",
+                     "security.cipher: none sends records unauthenticated",
+                     "sender.kafka.bootstrap.servers: required",
+                     "sender: name at least one topic"]:
+        assert expected in r.stderr
+    good = write_topology(tmp_path, "127.0.0.1:1", "127.0.0.1:2",
+                          sender={"stages": {"packer": {"instances": 2, "cpus": [0]}}})
+    r = subprocess.run([sys.executable, "-m", "diode", "check", str(good)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "diode: sender/packer-1" in r.stdout and "ipc://" in r.stdout
