@@ -64,6 +64,11 @@ def cmd_docs(args) -> int:
 
 def cmd_produce(args) -> int:
     from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+    if args.partitions:
+        admin = AdminClient({"bootstrap.servers": args.bootstrap})
+        if args.topic not in admin.list_topics(timeout=10).topics:
+            admin.create_topics([NewTopic(args.topic, args.partitions)])[args.topic].result(10)
     p = Producer({"bootstrap.servers": args.bootstrap})
     values = args.values or [line.rstrip("\n") for line in sys.stdin]
     for v in values:
@@ -125,6 +130,8 @@ def main(argv=None) -> int:
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--topic", required=True)
     p.add_argument("--key")
+    p.add_argument("--partitions", type=int, default=0,
+                   help="create the topic with this many partitions if it does not exist")
     p.add_argument("values", nargs="*")
     p.set_defaults(func=cmd_produce)
 

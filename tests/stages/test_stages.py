@@ -1,0 +1,161 @@
+"""Stages driven step by step in this process, wired with in-memory (inproc) ZeroMQ sockets."""
+
+import socket
+import time
+
+import pytest
+import zmq
+
+from diode import crypto, transport, wire
+from diode.metrics import Metrics
+from diode.records import Record
+from diode.topology import WorkerSpec, from_dict
+from diode.worker import Secrets, StageContext, stage_class
+from tests.conftest import free_port
+
+MASTER = crypto.master_key_from_password(b"pw", b"salt")
+
+
+def topology(**receiver_stages):
+    return from_dict({
+        "link": {"port": free_port(socket.SOCK_DGRAM), "bind.address": "127.0.0.1",
+                 "datagram.size.bytes": 1472},
+        "security": {"password.env": "X", "salt": "salt"},
+        "sender": {"kafka": {"bootstrap.servers": "x:1"}, "topics": ["t"],
+                   "stages": {"packer": {"instances": 1}}},
+        "receiver": {"kafka": {"bootstrap.servers": "x:1"},
+                     "stages": {k: {"instances": v} for k, v in receiver_stages.items()}},
+    })
+
+
+@pytest.fixture
+def zctx():
+    ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+def make_stage(zctx, t, side, stage, index=0):
+    spec = WorkerSpec(side, stage, index, ())
+    ctx = StageContext(t, spec, "inproc", Secrets(1, MASTER), zctx,
+                       Metrics({"stage": stage}))
+    s = stage_class(stage)(ctx)
+    s.open()
+    return s
+
+
+def sink(zctx, side, stage, index=0, purpose="in"):
+    return transport.pull(zctx, f"inproc://{side}-{stage}-{index}.{purpose}", 1000)
+
+
+def source(zctx, side, stage, index=0):
+    return transport.push(zctx, [f"inproc://{side}-{stage}-{index}.in"], 1000)
+
+
+def records(n, topic="t", partition=0):
+    return [Record(topic, partition, i, 1000 + i, 1, b"k%d" % i, b"v%d" % i * 10,
+                   (("h", b"x"),)) for i in range(n)]
+
+
+def valid_datagram(recs, session=1):
+    sealer = wire.Sealer(crypto.SessionCipher(1, MASTER, session), "none")
+    from diode import codec
+    return sealer.seal(codec.encode_batch(recs, {"t": 1}))
+
+
+def run_until(stage, cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        stage.step()
+
+
+def test_unpacker_forwards_valid_records_and_counts_every_reject(zctx):
+    t = topology(kafka_writer=2)
+    writers = [sink(zctx, "receiver", "kafka_writer", i) for i in range(2)]
+    u = make_stage(zctx, t, "receiver", "unpacker")
+    feed = source(zctx, "receiver", "unpacker")
+    good = valid_datagram(records(20, partition=0) + records(5, topic="u", partition=3))
+    wrong_key = wire.Sealer(crypto.SessionCipher(1, b"k" * 32, 9), "none").seal(b"x")
+    flipped = bytearray(good)
+    flipped[40] ^= 1
+    feed.send_multipart([b"", b"garbage" * 10, good[:20], bytes(flipped), wrong_key,
+                         good[:-1], good])
+    run_until(u, lambda: u.metrics.get("records") == 25)
+    got = []
+    for w in writers:
+        for (frame,) in transport.drain(w):
+            recs, counts = transport.loads(frame)
+            got += recs
+            assert counts == {"t": 1}
+    assert sorted(got) == sorted(records(20) + records(5, topic="u", partition=3))
+    rejects = {r: u.metrics.get("rejects", reason=r)
+               for r in ("truncated", "bad_magic", "auth_failed")}
+    assert rejects == {"truncated": 2, "bad_magic": 1, "auth_failed": 3}
+    u.close()
+
+
+def test_unpacker_sends_each_partition_to_its_owning_writer(zctx):
+    t = topology(kafka_writer=3)
+    writers = [sink(zctx, "receiver", "kafka_writer", i) for i in range(3)]
+    u = make_stage(zctx, t, "receiver", "unpacker")
+    feed = source(zctx, "receiver", "unpacker")
+    recs = [r for p in range(6) for r in records(4, partition=p)]
+    feed.send_multipart([valid_datagram(recs)])
+    run_until(u, lambda: u.metrics.get("records") == 24)
+    owners = {}
+    for i, w in enumerate(writers):
+        for (frame,) in transport.drain(w):
+            for r in transport.loads(frame)[0]:
+                owners.setdefault(r.partition, set()).add(i)
+    assert sorted(owners) == list(range(6))
+    assert all(len(v) == 1 for v in owners.values())
+    assert len({min(v) for v in owners.values()}) > 1  # spread over writers
+
+
+def test_udp_reader_routes_by_key_and_drops_what_is_not_ours(zctx):
+    t = topology(unpacker=2)
+    unpackers = [sink(zctx, "receiver", "unpacker", i) for i in range(2)]
+    r = make_stage(zctx, t, "receiver", "udp_reader")
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sealer = wire.Sealer(crypto.SessionCipher(1, MASTER, 5), "none")
+    datagrams = [sealer.seal(b"payload %d" % i) for i in range(10)]  # routing keys 1..10
+    for dg in datagrams + [b"", b"xx", b"\xd1\x0d\x07" + bytes(40)]:
+        s.sendto(dg, ("127.0.0.1", t.link.port))
+    run_until(r, lambda: r.metrics.get("datagrams") == 13)
+    routed = [sum((frames for frames in transport.drain(u)), []) for u in unpackers]
+    assert sorted(routed[0]) == sorted(dg for dg in datagrams
+                                       if wire.parse_header(dg).routing_key % 2 == 0)
+    assert sorted(routed[1]) == sorted(dg for dg in datagrams
+                                       if wire.parse_header(dg).routing_key % 2 == 1)
+    assert r.metrics.get("rejects", reason="truncated") == 2
+    assert r.metrics.get("rejects", reason="bad_version") == 1
+    r.close()
+
+
+def test_packer_fills_datagrams_and_reports_what_each_carries(zctx):
+    t = topology()
+    out = sink(zctx, "sender", "udp_sender")
+    p = make_stage(zctx, t, "sender", "packer")
+    feed = source(zctx, "sender", "packer")
+    recs = records(500)
+    feed.send(transport.dumps((0, 77, recs[:300], {"t": 1})))
+    feed.send(transport.dumps((0, 78, recs[300:], {"t": 1})))
+    got, acks = [], {}
+    keyring = crypto.Keyring(1, MASTER)
+    deadline = time.monotonic() + 5
+    while len(got) < 500 and time.monotonic() < deadline:
+        p.step()
+        for frames in transport.drain(out):
+            meta = transport.loads(frames[0])
+            assert len(meta) == len(frames) - 1
+            for dg, tags in zip(frames[1:], meta):
+                assert len(dg) <= 1472
+                decoded, _ = wire.open_datagram(dg, keyring)
+                got += decoded
+                assert sum(n for _, _, n in tags) == len(decoded)
+                for reader, msg_id, n in tags:
+                    acks[msg_id] = acks.get(msg_id, 0) + n
+    assert got == recs  # in order, each once
+    assert acks == {77: 300, 78: 200}
+    assert p.metrics.get("datagrams") > 10  # 500 records of ~40 bytes do not fit in one
