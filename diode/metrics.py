@@ -43,6 +43,9 @@ class Metrics:
                     lines.append(f"{full}{{{text}}} {value:g}")
         return "\n".join(lines) + "\n"
 
+    def due(self) -> bool:
+        return time.monotonic() >= self._next_write
+
     def maybe_write(self, force: bool = False) -> None:
         if not self.path:
             return

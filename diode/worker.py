@@ -171,7 +171,7 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid) -> int:
             if not stage.step():
                 break
             heartbeats.beat(slot)
-            if time.monotonic() >= metrics._next_write:
+            if metrics.due():
                 metrics.set("cpu_seconds", sum(proc.cpu_times()[:2]))
                 metrics.maybe_write()
     finally:

@@ -31,9 +31,10 @@ class Stage(BaseStage):
         self.producer = Producer(producer_config(kafka, **{"message.timeout.ms": 0}))
         self.admin = AdminClient(admin_config(kafka))
         self.dest_partitions: dict = {}   # destination topic -> partition count
+        self.source_partitions: dict = {}  # source topic -> partition count (from the sender)
+        self.next_metadata = 0.0
         self.backlog: list = []           # records taken but not yet accepted by the producer
         self.idle_since = None
-        self.failed = 0
 
     def destination(self, topic: str) -> str:
         r = self.t.receiver
@@ -53,7 +54,7 @@ class Stage(BaseStage):
         self.idle_since = None
         for (frame,) in transport.drain(self.input, 16):
             records, counts = transport.loads(frame)
-            self._ensure_topics(counts)
+            self.source_partitions.update(counts)
             self.backlog.extend(records)
         self._produce_backlog()
         return True
@@ -62,8 +63,12 @@ class Stage(BaseStage):
         produced = 0
         for r in self.backlog:
             topic = self.destination(r.topic)
-            n = self.dest_partitions.get(topic, 0)
-            kwargs = {"partition": r.partition} if r.partition < n else {}
+            n = self.dest_partitions.get(topic)
+            if n is None and not self._ensure_topic(topic, r.topic):
+                time.sleep(0.05)  # not visible yet: keep the records, in order, and retry
+                break
+            kwargs = {"partition": r.partition} if r.partition < self.dest_partitions[topic] \
+                else {}
             if r.timestamp_type != TIMESTAMP_NOT_AVAILABLE:
                 kwargs["timestamp"] = r.timestamp
             try:
@@ -81,7 +86,6 @@ class Stage(BaseStage):
         if err is None:
             self.metrics.inc("records")
             return
-        self.failed += 1
         self.metrics.inc("errors", reason="produce")
         headers = dict(msg.headers() or [])
         self.log.error("record %s[%s]@%s was not written to %s: %s",
@@ -89,32 +93,30 @@ class Stage(BaseStage):
                        headers.get("sourcePartition", b"?").decode(),
                        headers.get("sourceOffset", b"?").decode(), msg.topic(), err)
 
-    def _ensure_topics(self, counts: dict):
-        """Create missing destination topics with the source's partition count."""
-        missing = {self.destination(t): n for t, n in counts.items()
-                   if self.destination(t) not in self.dest_partitions}
-        if not missing:
-            return
+    def _ensure_topic(self, topic: str, source_topic: str) -> bool:
+        """Learn the destination topic's partition count, creating the topic with the source's
+        partition count if it does not exist. At most once a second; False until it is known."""
+        now = time.monotonic()
+        if now < self.next_metadata:
+            return False
+        self.next_metadata = now + 1.0
         try:
             self.dest_partitions.update(partition_counts(self.producer))
-        except KafkaException as exc:
-            self.log.warning("cannot read the destination topics: %s", exc)
-        create = [NewTopic(t, max(1, min(int(n), MAX_PARTITIONS)))
-                  for t, n in missing.items() if t not in self.dest_partitions]
-        if create:
-            for topic, fut in self.admin.create_topics(create, operation_timeout=10).items():
-                try:
-                    fut.result()
-                    self.log.info("created destination topic %s", topic)
-                except KafkaException as exc:
-                    self.log.info("destination topic %s: %s", topic, exc.args[0])
-            time.sleep(0.1)
+            if topic in self.dest_partitions:
+                return True
+            n = max(1, min(int(self.source_partitions.get(source_topic, 1)), MAX_PARTITIONS))
             try:
-                self.dest_partitions.update(partition_counts(self.producer))
-            except KafkaException:
-                pass
-        for t, n in missing.items():
-            self.dest_partitions.setdefault(t, 0)  # unknown yet: let the partitioner choose
+                self.admin.create_topics([NewTopic(topic, n)], operation_timeout=10)[topic] \
+                    .result(15)
+                self.log.info("created destination topic %s with %d partition(s)", topic, n)
+            except KafkaException as exc:
+                self.log.info("destination topic %s: %s", topic, exc.args[0])
+            self.dest_partitions.update(partition_counts(self.producer))
+        except KafkaException as exc:
+            self.log.warning("cannot read or create destination topic %s: %s; retrying", topic,
+                             exc.args[0])
+            self.metrics.inc("errors", reason="metadata")
+        return topic in self.dest_partitions
 
     def _flushed(self) -> bool:
         left = self.producer.flush(self.t.supervisor.drain_timeout_seconds * 0.5)

@@ -218,14 +218,18 @@ def test_record_too_large_for_a_datagram_goes_to_the_dead_letter_topic(tmp_path,
 
 
 def test_sigterm_drains_and_leaves_no_process_behind(tmp_path, launch):
-    """With embedded brokers started by the launch itself, as the demo does."""
+    """With embedded brokers started by the launch itself, as the demo does; workers pinned."""
     from tests.conftest import free_port
     sp, dp = free_port(), free_port()
     topo = write_topology(
         tmp_path, f"127.0.0.1:{sp}", f"127.0.0.1:{dp}",
         brokers=[{"name": "source", "side": "sender", "listen": f"127.0.0.1:{sp}"},
-                 {"name": "destination", "side": "receiver", "listen": f"127.0.0.1:{dp}"}])
+                 {"name": "destination", "side": "receiver", "listen": f"127.0.0.1:{dp}"}],
+        receiver={"stages": {"unpacker": {"cpus": [1]}, "kafka_writer": {"cpus": [0, 1]}}})
     d = launch(topo, workers=SENDER + RECEIVER)
+    workers = d.workers()
+    assert workers["receiver/unpacker-0"].cpu_affinity() == [1]  # pinned as the topology says
+    assert workers["receiver/kafka_writer-0"].cpu_affinity() == [0, 1]
     create_topic(f"127.0.0.1:{sp}", "src", 1)
     produce(f"127.0.0.1:{sp}", "src", [{"value": b"v%d" % i} for i in range(100)])
     assert len(consume(f"127.0.0.1:{dp}", "dst_src", 100)) == 100
