@@ -10,8 +10,28 @@ from diode.errors import DiodeError, TopologyError
 from diode.worker import configure_logging
 
 
+def kafka_problems(t) -> list[str]:
+    """librdkafka's own verdict on the pass-through settings (unknown keys, bad values), found
+    by building the clients without connecting. Only `diode check` does this: the supervisor
+    must not create Kafka clients before it forks."""
+    from confluent_kafka import Consumer, KafkaException, Producer
+    from diode.kafka import consumer_config, producer_config
+    problems = []
+    for key, make in (("sender.kafka", lambda: Consumer(consumer_config(t)).close()),
+                      ("receiver.kafka", lambda: Producer(producer_config(t.receiver.kafka)))):
+        try:
+            make()
+        except KafkaException as exc:
+            err = exc.args[0]
+            problems.append(f"{key}: {err.str() if hasattr(err, 'str') else err}")
+    return problems
+
+
 def cmd_check(args) -> int:
     t = topo.load(args.file)
+    problems = kafka_problems(t)
+    if problems:
+        raise TopologyError(t.path, problems)
     run_dir = t.supervisor.run_dir or "<run dir>"
     print(f"topology {t.name} ({t.path}): valid")
     print(f"link: udp {t.link.host}:{t.link.port} (receiver binds {t.link.bind_address}), "

@@ -64,8 +64,20 @@ def load_secrets(t: Topology) -> worker.Secrets:
         return worker.Secrets(0, None)
     if sec.key_file:
         return worker.Secrets(cipher_id, crypto.read_key_file(t.resolve(sec.key_file)))
+    if sec.password_file:
+        _warn_if_readable_by_others(t.resolve(sec.password_file))
     password = crypto.read_secret(t.resolve(sec.password_file), sec.password_env, "password")
     return worker.Secrets(cipher_id, crypto.master_key_from_password(password, sec.salt.encode()))
+
+
+def _warn_if_readable_by_others(path: str) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # read_secret explains
+    if mode & 0o077:
+        log.warning("the password file %s is readable by other users (mode %o): "
+                    "chmod 600 %s", path, mode & 0o777, path)
 
 
 class Supervisor:

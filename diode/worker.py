@@ -20,6 +20,7 @@ import psutil
 import setproctitle
 import zmq
 
+from diode.errors import DiodeError
 from diode.metrics import Metrics
 from diode.topology import Topology, WorkerSpec
 
@@ -126,6 +127,8 @@ def run(spec: WorkerSpec, topology: Topology, run_dir: str, secrets: Secrets,
     code = 1
     try:
         code = _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid)
+    except DiodeError as exc:  # a condition we explain, not a bug: no traceback
+        logging.getLogger(f"diode.{spec.name}").error("%s", exc)
     except BaseException:
         logging.getLogger(f"diode.{spec.name}").error("crashed:\n%s", traceback.format_exc())
     finally:
@@ -161,7 +164,11 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid) -> int:
     stage = stage_class(spec.stage)(StageContext(topology, spec, run_dir, secrets, ctx, metrics))
     proc = psutil.Process()
     try:
-        stage.open()
+        stage.open()  # on failure the process exits: what it opened goes with it
+    except BaseException:
+        ctx.destroy(linger=0)
+        raise
+    try:
         while True:
             if flags["stop"] and not stage.stopping:
                 stage.stop()

@@ -12,7 +12,7 @@ import time
 import zmq
 
 from diode import transport, wire
-from diode.errors import RejectedDatagram
+from diode.errors import DiodeError, RejectedDatagram
 from diode.worker import Stage as BaseStage
 
 BATCH_DATAGRAMS = 64
@@ -29,7 +29,12 @@ def open_socket(bind_address: str, port: int, rcvbuf: int, log=None) -> socket.s
                     "(link.receive.buffer.bytes): bursts will be dropped. Raise the limit with: "
                     "sysctl -w net.core.rmem_max=%d net.core.rmem_default=%d",
                     granted, rcvbuf, rcvbuf, rcvbuf)
-    sock.bind((bind_address, port))
+    try:
+        sock.bind((bind_address, port))
+    except OSError as exc:
+        sock.close()
+        raise DiodeError(f"cannot bind udp {bind_address}:{port} (link.bind.address, link.port): "
+                         f"{exc.strerror}; is another receiver running?") from None
     sock.settimeout(0.1)
     return sock
 

@@ -54,6 +54,7 @@ def write_topology(tmp_path, source: str, destination: str, **overrides) -> Path
     """A topology file for brokers at `source` and `destination` (bootstrap strings), with a
     password file beside it; `overrides` are deep-merged sections."""
     (tmp_path / "password").write_text("test password\n")
+    (tmp_path / "password").chmod(0o600)
     data = {
         "name": "test",
         "link": {"host": "127.0.0.1", "port": free_port(socket.SOCK_DGRAM),

@@ -166,6 +166,31 @@ def test_garbage_datagrams_crash_nothing_and_write_nothing(tmp_path, brokers, la
     assert [m.value() for m in consume(dst.bootstrap, "dst_src", 1)] == [b"after the garbage"]
 
 
+def test_sender_started_before_its_source_cluster_waits_and_loses_nothing(tmp_path, launch):
+    """A source broker that is down: clear errors, no crash, replication once it is up."""
+    from diode.brokers import EmbeddedBroker
+    from tests.conftest import free_port
+    sp = free_port()
+    dst = EmbeddedBroker("destination", f"127.0.0.1:{free_port()}").start()
+    try:
+        topo = write_topology(tmp_path, f"127.0.0.1:{sp}", dst.bootstrap)
+        d = launch(topo, workers=SENDER + RECEIVER)
+        time.sleep(3)
+        workers = {name: p.pid for name, p in d.workers().items()}
+        src = EmbeddedBroker("source", f"127.0.0.1:{sp}").start()
+        try:
+            create_topic(src.bootstrap, "src", 2)
+            produce(src.bootstrap, "src", [{"value": b"late %d" % i, "partition": i % 2}
+                                           for i in range(100)])
+            assert len(consume(dst.bootstrap, "dst_src", 100, timeout=60)) == 100
+            assert {name: p.pid for name, p in d.workers().items()} == workers  # no restart
+            assert d.stop() == 0
+        finally:
+            src.stop()
+    finally:
+        dst.stop()
+
+
 def test_wrong_password_is_rejected_and_writes_nothing(tmp_path, brokers, launch):
     src, dst = brokers
     create_topic(src.bootstrap, "src", 1)
@@ -280,3 +305,26 @@ def test_check_reports_every_error_at_once(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "diode: sender/packer-1" in r.stdout and "ipc://" in r.stdout
+    # librdkafka settings pass through unchanged, and check asks librdkafka about them
+    typo = write_topology(tmp_path, "127.0.0.1:1", "127.0.0.1:2",
+                          receiver={"kafka": {"lingr.ms": 5}})
+    r = subprocess.run([sys.executable, "-m", "diode", "check", str(typo)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert 'receiver.kafka: No such configuration property: "lingr.ms"' in r.stderr
+
+
+def test_link_port_in_use_is_a_clear_error(tmp_path, brokers, launch):
+    src, dst = brokers
+    topo = write_topology(tmp_path, src.bootstrap, dst.bootstrap)
+    port = int(topo.read_text().split("port: ")[1].split()[0])
+    taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    taken.bind(("127.0.0.1", port))
+    try:
+        d = launch(topo, side="receiver")
+        assert d.proc.wait(60) == 1
+    finally:
+        taken.close()
+    out = d.output()
+    assert f"cannot bind udp 127.0.0.1:{port}" in out and "Address already in use" in out
+    assert "Traceback" not in out
