@@ -82,11 +82,13 @@ class DatagramBuilder:
     def _seal_into(self, records, tags, sealed, oversize):
         counts = {t: self._partition_counts(t) for t in {r.topic for r in records}}
         payload = codec.encode_batch(records, counts)
-        datagram = self._seal(payload)
-        if self._compressed:
+        # A batch the receiver would refuse to decompress is never sent, however well it
+        # compresses: it is split, and a single record that large is oversize.
+        datagram = self._seal(payload) if len(payload) <= codec.MAX_BATCH_BYTES else None
+        if self._compressed and datagram is not None:
             ratio = (len(datagram) - HEADER_BYTES - TAG_BYTES) / max(len(payload), 1)
             self._ratio = 0.7 * self._ratio + 0.3 * ratio
-        if len(datagram) <= self.limit:
+        if datagram is not None and len(datagram) <= self.limit:
             tag_counts = {}
             for t in tags:
                 tag_counts[t] = tag_counts.get(t, 0) + 1

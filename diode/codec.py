@@ -133,8 +133,12 @@ def decompress(kind_id: int, data: bytes, limit: int = MAX_BATCH_BYTES) -> bytes
             if not d.eof:
                 raise ValueError("truncated or over the size limit")
         elif kind == "zstd":
-            with zstandard.ZstdDecompressor().stream_reader(data) as reader:
-                out = reader.read(limit + 1)
+            # Our frames declare their size (zstandard writes it by default): check it before
+            # allocating, then require the whole frame.
+            size = zstandard.frame_content_size(data)
+            if size < 0 or size > limit:
+                raise ValueError(f"frame content size {size} unknown or over {limit}")
+            out = zstandard.ZstdDecompressor().decompress(data)
         elif kind == "lz4":
             d = lz4.frame.LZ4FrameDecompressor()
             out = d.decompress(data, max_length=limit + 1)

@@ -40,7 +40,8 @@ class Metrics:
                         continue
                     all_labels = {**self.labels, **dict(labels)}
                     text = ",".join(f'{k}="{v}"' for k, v in all_labels.items())
-                    lines.append(f"{full}{{{text}}} {value:g}")
+                    shown = int(value) if float(value).is_integer() else repr(float(value))
+                    lines.append(f"{full}{{{text}}} {shown}")
         return "\n".join(lines) + "\n"
 
     def due(self) -> bool:

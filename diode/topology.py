@@ -59,8 +59,15 @@ def host_port(v):
     return None
 
 
+def strings(v):
+    bad = [item for item in v if not isinstance(item, str)]
+    return f"items must be strings, not {bad[0]!r}" if bad else None
+
+
 def regexes(v):
     for pattern in v:
+        if not isinstance(pattern, str):
+            return f"{pattern!r} must be a string"
         try:
             re.compile(pattern)
         except re.error as exc:
@@ -125,7 +132,7 @@ class SenderSettings:
     kafka: dict = setting({}, "librdkafka settings of the source cluster, passed through "
                           "unchanged (bootstrap.servers, security.protocol, ...). group.id "
                           "defaults to diode-<name>.", example={"bootstrap.servers": "host:9092"})
-    topics: list = setting([], "Source topics to replicate, by name.")
+    topics: list = setting([], "Source topics to replicate, by name.", strings)
     topics_regex: list = setting([], "Source topics to replicate, by regular expression "
                                  "(matched against the whole name).", regexes)
     start_position: str = setting("earliest", "Where to start a partition with no committed "

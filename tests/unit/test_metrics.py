@@ -1,0 +1,112 @@
+"""diode.metrics: Prometheus text that operators, `diode status` and tests read back."""
+
+import re
+
+import pytest
+
+from diode.metrics import Metrics, read_counter
+
+SAMPLE = re.compile(r'^diode_[a-z_]+\{([a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*)?\} \S+$')
+
+
+def sample_metrics():
+    m = Metrics({"side": "receiver", "stage": "unpacker", "index": "0"})
+    m.inc("datagrams")
+    m.inc("datagrams", 4)
+    m.inc("rejects", reason="auth_failed")
+    m.inc("rejects", 2, reason="bad_magic")
+    m.inc("records", 7, topic="orders", partition="1")
+    m.set("queue_depth", 12)
+    return m
+
+
+def test_text_is_prometheus_exposition_format():
+    text = sample_metrics().text()
+    assert text.endswith("\n")
+    lines = text.splitlines()
+    assert "# TYPE diode_datagrams counter" in lines
+    assert "# TYPE diode_rejects counter" in lines
+    assert "# TYPE diode_queue_depth gauge" in lines
+    for line in lines:
+        assert line.startswith("# TYPE ") or SAMPLE.match(line), line
+    # each TYPE line precedes its samples, and is given once per metric
+    types = [line.split()[2] for line in lines if line.startswith("# TYPE")]
+    assert len(types) == len(set(types))
+    for i, line in enumerate(lines):
+        if not line.startswith("#"):
+            name = line.split("{")[0]
+            declared = [j for j, t in enumerate(lines) if t.startswith(f"# TYPE {name} ")]
+            assert declared and declared[0] < i
+
+
+def test_process_labels_are_on_every_sample():
+    text = sample_metrics().text()
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            assert 'side="receiver"' in line and 'stage="unpacker"' in line
+
+
+def test_read_counter_round_trip_with_labels():
+    text = sample_metrics().text()
+    assert read_counter(text, "datagrams") == 5
+    assert read_counter(text, "rejects") == 3
+    assert read_counter(text, "rejects", reason="auth_failed") == 1
+    assert read_counter(text, "rejects", reason="bad_magic") == 2
+    assert read_counter(text, "rejects", reason="decode_failed") == 0
+    assert read_counter(text, "rejects", side="receiver", reason="bad_magic") == 2
+    assert read_counter(text, "rejects", side="sender") == 0
+    assert read_counter(text, "records", topic="orders", partition="1") == 7
+    assert read_counter(text, "queue_depth") == 12
+    assert read_counter(text, "missing") == 0
+
+
+def test_read_counter_does_not_confuse_metric_name_prefixes():
+    m = Metrics({"side": "sender"})
+    m.inc("records", 3)
+    m.inc("records_dropped", 100)
+    assert read_counter(m.text(), "records") == 3
+
+
+def test_read_counter_sums_files_of_several_processes():
+    texts = []
+    for i in range(3):
+        m = Metrics({"side": "receiver", "stage": "kafka_writer", "index": str(i)})
+        m.inc("records", 10 * (i + 1), topic="t")
+        texts.append(m.text())
+    assert read_counter("".join(texts), "records", topic="t") == 60
+
+
+def test_gauges_are_replaced_not_summed():
+    m = Metrics({})
+    m.set("queue_depth", 5)
+    m.set("queue_depth", 2)
+    assert m.get("queue_depth") == 2
+    assert read_counter(m.text(), "queue_depth") == 2
+
+
+def test_fractional_values_survive():
+    m = Metrics({"side": "sender"})
+    m.inc("cpu_seconds", 0.25)
+    m.inc("cpu_seconds", 0.5)
+    assert read_counter(m.text(), "cpu_seconds") == pytest.approx(0.75)
+
+
+def test_maybe_write_writes_the_text_atomically(tmp_path):
+    path = tmp_path / "metrics" / "receiver-unpacker-0.prom"
+    m = sample_metrics()
+    m.path = str(path)
+    m.maybe_write()
+    assert path.read_text() == m.text()
+    m.inc("datagrams", 10)
+    m.maybe_write()  # within the interval: not rewritten
+    assert read_counter(path.read_text(), "datagrams") == 5
+    m.maybe_write(force=True)
+    assert read_counter(path.read_text(), "datagrams") == 15
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
+
+
+@pytest.mark.parametrize("value", [1_234_567, 10_000_001, 2**40 + 3])
+def test_large_counters_keep_every_unit(value):
+    m = Metrics({"side": "sender"})
+    m.inc("bytes", value)
+    assert read_counter(m.text(), "bytes") == value
