@@ -282,7 +282,7 @@ def _build(cls, data, where: str, problems: list):
 
 def _build_stages(side: str, data: dict, problems: list, cpu_count: int) -> dict:
     stages = {}
-    for name, spec in data.items():
+    for name in data:
         if name not in PIPELINES[side]:
             problems.append(f"{side}.stages.{name}: unknown stage type; {side} stages are "
                             f"{', '.join(PIPELINES[side])}")

@@ -73,6 +73,9 @@ class Outbox:
             self.pending.popleft()
         return True
 
+    def clear(self) -> None:
+        self.pending.clear()
+
     @property
     def full(self) -> bool:
         return len(self.pending) >= self.limit

@@ -70,12 +70,17 @@ class Stage:
     - `close()` releases what `open()` made.
     """
 
+    # Stages stop in data-flow order, so once a stopping stage's input has been quiet this
+    # long, nothing more is coming.
+    QUIET_SECONDS = 0.3
+
     def __init__(self, ctx: StageContext):
         self.ctx = ctx
         self.t = ctx.topology
         self.metrics = ctx.metrics
         self.log = logging.getLogger(f"diode.{ctx.spec.name}")
         self.stopping = False
+        self._quiet_since = None
 
     def open(self) -> None:
         pass
@@ -88,6 +93,16 @@ class Stage:
 
     def rewind(self) -> None:
         pass
+
+    def drained(self, idle: bool) -> bool:
+        """Call once per step with whether the input was idle: True when the stage is stopping
+        and its input has been quiet for QUIET_SECONDS."""
+        if not idle or not self.stopping:
+            self._quiet_since = None
+            return False
+        now = time.monotonic()
+        self._quiet_since = self._quiet_since or now
+        return now - self._quiet_since >= self.QUIET_SECONDS
 
     def close(self) -> None:
         pass

@@ -14,7 +14,6 @@ again: at least once.
 import os
 import time
 
-import zmq
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 
 from diode import transport
@@ -81,7 +80,7 @@ class Stage(BaseStage):
         lost = self.tracker.inflight
         self.tracker.reset()
         self.epoch += 1 << 32  # acknowledgements of earlier messages are ignored from now
-        self.out.pending.clear()
+        self.out.clear()
         tps = [TopicPartition(t, p, positions.get((t, p), start))
                for (t, p), start in self.assigned.items()]
         if tps:

@@ -34,7 +34,6 @@ class Stage(BaseStage):
         self.source_partitions: dict = {}  # source topic -> partition count (from the sender)
         self.next_metadata = 0.0
         self.backlog: list = []           # records taken but not yet accepted by the producer
-        self.idle_since = None
 
     def destination(self, topic: str) -> str:
         r = self.t.receiver
@@ -45,13 +44,12 @@ class Stage(BaseStage):
         if self.backlog:
             self._produce_backlog()
             return True
-        if not self.input.poll(50):
-            if self.stopping:
-                self.idle_since = self.idle_since or time.monotonic()
-                if time.monotonic() - self.idle_since > 0.3:
-                    return not self._flushed()
+        got = self.input.poll(50)
+        if self.drained(idle=not got):
+            self._flush()
+            return False
+        if not got:
             return True
-        self.idle_since = None
         for (frame,) in transport.drain(self.input, 16):
             records, counts = transport.loads(frame)
             self.source_partitions.update(counts)
@@ -118,12 +116,11 @@ class Stage(BaseStage):
             self.metrics.inc("errors", reason="metadata")
         return topic in self.dest_partitions
 
-    def _flushed(self) -> bool:
+    def _flush(self) -> None:
         left = self.producer.flush(self.t.supervisor.drain_timeout_seconds * 0.5)
         if left:
             self.log.error("stopping with %d record(s) not confirmed by the destination "
                            "cluster", left)
-        return True
 
     def close(self):
         self.producer.flush(1)

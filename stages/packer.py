@@ -38,7 +38,6 @@ class Stage(BaseStage):
         self.linger = self.t.sender.batch_linger_ms / 1000
         self.first_pending = None
         self.dlq = None
-        self.idle_since = None
         self.log.info("session %016x", session)
 
     def step(self):
@@ -48,8 +47,8 @@ class Stage(BaseStage):
         if not self.out.flush():
             self.out.sock.poll(50, zmq.POLLOUT)
             return True
-        if self.input.poll(self._wait_ms(now)):
-            self.idle_since = None
+        got = self.input.poll(self._wait_ms(now))
+        if got:
             for (frame,) in transport.drain(self.input, 64):
                 reader, msg_id, records, counts = transport.loads(frame)
                 self.counts.update(counts)
@@ -59,13 +58,10 @@ class Stage(BaseStage):
                     self.first_pending = now
                 if self.out.full:
                     break
-        elif self.stopping:
-            self.idle_since = self.idle_since or now
         now = time.monotonic()
         if self.builder.pending and (now - self.first_pending >= self.linger or self.stopping):
             self._emit(*self.builder.flush())
-        if self.stopping and self.idle_since and now - self.idle_since > 0.3:
-            # upstream has stopped and our input is quiet: flush and finish
+        if self.drained(idle=not got):
             return not (self.out.flush() and self._dlq_done())
         return True
 

@@ -9,7 +9,6 @@ import errno
 import socket
 import time
 
-import zmq
 
 from diode import transport, wire
 from diode.errors import DiodeError, RejectedDatagram

@@ -32,7 +32,6 @@ class Stage(BaseStage):
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * 1024 * 1024)
         self.pacer = Pacer(link.rate_mbps * 1e6 / 8, burst_bytes=2 * link.datagram_size_bytes)
-        self.idle_since = None
         self.pending_acks: dict[int, list] = {}
         self.backlog = deque()  # (datagram, acks) taken from a packer, not yet sent
 
@@ -40,12 +39,11 @@ class Stage(BaseStage):
         if self.backlog:
             self._send_backlog()
             return True
-        if not self.input.poll(50):
-            if self.stopping:
-                self.idle_since = self.idle_since or time.monotonic()
-                return time.monotonic() - self.idle_since < 0.3
+        got = self.input.poll(50)
+        if self.drained(idle=not got):
+            return False
+        if not got:
             return True
-        self.idle_since = None
         for frames in transport.drain(self.input, 16):
             self.backlog.extend(zip(frames[1:], transport.loads(frames[0])))
         self._send_backlog()

@@ -23,18 +23,16 @@ class Stage(BaseStage):
         self.outs = [transport.Outbox(transport.push(ctx.zmq, [ctx.endpoint("kafka_writer", i)],
                                                      ctx.hwm)) for i in range(n)]
         self.keyring = Keyring(ctx.secrets.cipher_id, ctx.secrets.master_key)
-        self.idle_since = None
 
     def step(self):
         if not all(o.flush() for o in self.outs):
             time.sleep(0.001)
             return True
-        if not self.input.poll(50):
-            if self.stopping:
-                self.idle_since = self.idle_since or time.monotonic()
-                return time.monotonic() - self.idle_since < 0.3
+        got = self.input.poll(50)
+        if self.drained(idle=not got):
+            return False
+        if not got:
             return True
-        self.idle_since = None
         batches = [[] for _ in self.outs]
         counts = {}
         for datagrams in transport.drain(self.input, 8):

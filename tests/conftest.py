@@ -2,7 +2,6 @@
 a launched diode, and Kafka helpers that cope with the embedded broker's quirks (DESIGN.md §7:
 its "latest" offset is wrong, so consumers read until they have what they expect)."""
 
-import os
 import signal
 import socket
 import subprocess

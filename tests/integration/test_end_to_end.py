@@ -7,7 +7,6 @@ import threading
 import time
 
 import psutil
-import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from tests.conftest import (consume, create_topic, headers_of, produce, source_coordinates,
