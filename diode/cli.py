@@ -162,6 +162,9 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=30.0)
     p.set_defaults(func=cmd_consume)
 
+    from diode import linksim
+    linksim.add_parser(sub)
+
     args = parser.parse_args(argv)
     configure_logging(logging.DEBUG if args.verbose else logging.INFO)
     try:
