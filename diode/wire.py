@@ -12,6 +12,7 @@ from typing import NamedTuple
 from diode import codec
 from diode.crypto import Keyring, SessionCipher
 from diode.errors import RejectedDatagram
+from diode.replay import ReplayWindow
 
 MAGIC = b"\xd1\x0d"
 VERSION = 1
@@ -73,8 +74,9 @@ class Sealer:
         return header + self.cipher.seal(self.seq, header, body)
 
 
-def open_datagram(datagram: bytes, keyring: Keyring):
-    """Verify, decrypt, decompress and decode. Returns (records, partition_counts).
+def open_datagram(datagram: bytes, keyring: Keyring, replay: ReplayWindow | None = None):
+    """Verify, check against replays, decrypt, decompress and decode.
+    Returns (records, partition_counts).
 
     Raises RejectedDatagram with the reason; nothing in it is trusted before the tag verifies.
     """
@@ -83,4 +85,6 @@ def open_datagram(datagram: bytes, keyring: Keyring):
         raise RejectedDatagram("bad_kind", f"kind {h.kind}")
     header = bytes(datagram[:HEADER_BYTES])
     body = keyring.open(h.cipher, h.session_id, h.seq, header, bytes(datagram[HEADER_BYTES:]))
+    if replay is not None:
+        replay.check(h.session_id, h.seq)
     return codec.decode_batch(codec.decompress(h.compression, body))

@@ -1,6 +1,7 @@
 """unpacker: verifies, decrypts, decompresses and decodes datagrams into records.
 
-Nothing in a datagram is trusted before its AEAD tag verifies over the header and the payload.
+Nothing in a datagram is trusted before its AEAD tag verifies over the header and the payload;
+a datagram of a session is accepted once (diode.replay.ReplayWindow).
 A datagram that fails any step is counted by reason (diode_rejects_total) and dropped: it never
 stops the process and never yields a record. Records go to the kafka_writer that owns their
 source partition, so per-partition state lives in one process.
@@ -12,6 +13,7 @@ from diode import transport, wire
 from diode.crypto import Keyring
 from diode.errors import RejectedDatagram
 from diode.records import partition_owner
+from diode.replay import ReplayWindow
 from diode.worker import Stage as BaseStage
 
 
@@ -23,6 +25,7 @@ class Stage(BaseStage):
         self.outs = [transport.Outbox(transport.push(ctx.zmq, [ctx.endpoint("kafka_writer", i)],
                                                      ctx.hwm)) for i in range(n)]
         self.keyring = Keyring(ctx.secrets.cipher_id, ctx.secrets.master_key)
+        self.replay = ReplayWindow()
 
     def step(self):
         if not all(o.flush() for o in self.outs):
@@ -45,7 +48,7 @@ class Stage(BaseStage):
 
     def unpack(self, datagram, batches, counts) -> None:
         try:
-            records, partition_counts = wire.open_datagram(datagram, self.keyring)
+            records, partition_counts = wire.open_datagram(datagram, self.keyring, self.replay)
         except RejectedDatagram as exc:
             self.metrics.inc("rejects", reason=exc.reason)
             return

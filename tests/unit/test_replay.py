@@ -1,0 +1,52 @@
+"""diode.replay.ReplayWindow: every datagram is accepted at most once, in any order."""
+
+import random
+
+import pytest
+
+from diode.errors import RejectedDatagram
+from diode.replay import ReplayWindow
+
+
+def accepted(w, session, seqs):
+    out = []
+    for s in seqs:
+        try:
+            w.check(session, s)
+            out.append(s)
+        except RejectedDatagram as exc:
+            assert exc.reason == "replayed"
+    return out
+
+
+def test_each_sequence_number_accepted_once_in_any_order_within_the_window():
+    seqs = list(range(1, 5001))
+    random.Random(1).shuffle(seqs)  # reordering of up to 5000 < window
+    w = ReplayWindow(window=8192)
+    assert sorted(accepted(w, 1, seqs + seqs[:1000])) == list(range(1, 5001))
+
+
+def test_too_old_is_rejected_and_sessions_are_independent():
+    w = ReplayWindow(window=64)
+    w.check(1, 1000)
+    with pytest.raises(RejectedDatagram):
+        w.check(1, 1000 - 64)  # outside the window: cannot tell, so refused
+    w.check(1, 1000 - 63)
+    w.check(2, 1000)  # the same number in another session is another datagram
+    with pytest.raises(RejectedDatagram):
+        w.check(2, 1000)
+
+
+def test_large_jump_forward_clears_the_window():
+    w = ReplayWindow(window=64)
+    w.check(1, 5)
+    w.check(1, 10_000)
+    assert accepted(w, 1, [9_999, 10_000, 9_990]) == [9_999, 9_990]
+
+
+def test_memory_is_bounded_by_sessions():
+    w = ReplayWindow(max_sessions=10)
+    for session in range(1000):
+        w.check(session, 1)
+    assert len(w._sessions) == 10
+    w.check(0, 1)  # forgotten session: accepted again (bounded memory beats a perfect memory)
