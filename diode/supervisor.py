@@ -162,18 +162,18 @@ class Supervisor:
         w.to(State.RUNNING, f"pid {pid}")
 
     def _reap(self) -> None:
-        while True:
+        # Wait for our workers by pid: waitpid(-1) would also reap the embedded brokers, whose
+        # Popen objects must see their own exit status.
+        for w in self.workers:
+            if not w.pid:
+                continue
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status = os.waitpid(w.pid, os.WNOHANG)
             except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            w = next((w for w in self.workers if w.pid == pid), None)
-            if w is None:
-                continue  # an embedded broker: Popen polls its own
-            w.pid = 0
-            self._exited(w, os.waitstatus_to_exitcode(status))
+                pid, status = w.pid, 0
+            if pid:
+                w.pid = 0
+                self._exited(w, os.waitstatus_to_exitcode(status))
 
     def _exited(self, w: Worker, code: int) -> None:
         if w.state is State.STOPPING:

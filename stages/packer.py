@@ -48,16 +48,19 @@ class Stage(BaseStage):
             self.out.sock.poll(50, zmq.POLLOUT)
             return True
         got = self.input.poll(self._wait_ms(now))
-        if got:
-            for (frame,) in transport.drain(self.input, 64):
-                reader, msg_id, records, counts = transport.loads(frame)
-                self.counts.update(counts)
-                for r in records:
-                    self._emit(*self.builder.add(r, (reader, msg_id)))
-                if self.first_pending is None and self.builder.pending:
-                    self.first_pending = now
-                if self.out.full:
-                    break
+        # Take reader messages one at a time, and none while the udp_sender is behind: what is
+        # taken is packed (a message left in the socket is safe, one taken and dropped is lost).
+        while got and not self.out.full:
+            try:
+                frame = self.input.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            reader, msg_id, records, counts = transport.loads(frame)
+            self.counts.update(counts)
+            for r in records:
+                self._emit(*self.builder.add(r, (reader, msg_id)))
+            if self.first_pending is None and self.builder.pending:
+                self.first_pending = now
         now = time.monotonic()
         if self.builder.pending and (now - self.first_pending >= self.linger or self.stopping):
             self._emit(*self.builder.flush())
