@@ -35,6 +35,7 @@ BATCH_SCHEMA = fastavro.parse_schema({
                 {"name": "topic", "type": "string"},
                 {"name": "partition", "type": "int"},
                 {"name": "offset", "type": "long"},
+                {"name": "prev_offset", "type": "long"},
                 {"name": "timestamp", "type": "long"},
                 {"name": "timestamp_type", "type": "int"},
                 {"name": "key", "type": _BYTES_OR_NULL},
@@ -52,20 +53,33 @@ BATCH_SCHEMA = fastavro.parse_schema({
     ],
 })
 
-# Upper bounds of the Avro encoding (varints are at most 5 bytes for int, 10 for long), so a
-# batch whose estimate fits is sure to fit.
-_RECORD_OVERHEAD = 5 + 5 + 10 + 10 + 5 + 6 + 6 + 6
-_HEADER_OVERHEAD = 5 + 6
+# The batch's own framing: array and map block counts and terminators.
 BATCH_OVERHEAD = 16
 TOPIC_ENTRY_OVERHEAD = 10
 
 
+def _varint(n: int) -> int:
+    """Bytes of Avro's zig-zag varint encoding of n."""
+    return (((n << 1) ^ (n >> 63)).bit_length() + 6) // 7 or 1
+
+
+def _bytes_or_null(b) -> int:
+    return 1 if b is None else 1 + _varint(len(b)) + len(b)
+
+
 def encoded_size_bound(record: Record) -> int:
-    """An upper bound of the record's Avro encoding, in bytes."""
-    size = _RECORD_OVERHEAD + len(record.topic.encode())
-    size += len(record.key or b"") + len(record.value or b"")
-    for name, value in record.headers:
-        size += _HEADER_OVERHEAD + len(name.encode()) + len(value or b"")
+    """The record's Avro encoding size in bytes (exact for the record itself; the header array
+    framing is counted generously), so a batch whose estimate fits is sure to fit."""
+    topic = len(record.topic.encode())
+    size = (_varint(topic) + topic + _varint(record.partition) + _varint(record.offset)
+            + _varint(record.prev_offset) + _varint(record.timestamp)
+            + _varint(record.timestamp_type)
+            + _bytes_or_null(record.key) + _bytes_or_null(record.value) + 1)
+    if record.headers:
+        size += 10
+        for name, value in record.headers:
+            n = len(name.encode())
+            size += _varint(n) + n + _bytes_or_null(value)
     return size
 
 
@@ -77,6 +91,7 @@ def encode_batch(records, partition_counts: dict) -> bytes:
         "records": [
             {
                 "topic": r.topic, "partition": r.partition, "offset": r.offset,
+                "prev_offset": r.prev_offset,
                 "timestamp": r.timestamp, "timestamp_type": r.timestamp_type,
                 "key": r.key, "value": r.value,
                 "headers": [{"key": k, "value": v} for k, v in r.headers],
@@ -95,6 +110,7 @@ def decode_batch(payload: bytes) -> tuple[list[Record], dict]:
             Record(
                 r["topic"], r["partition"], r["offset"], r["timestamp"], r["timestamp_type"],
                 r["key"], r["value"], tuple((h["key"], h["value"]) for h in r["headers"]),
+                r["prev_offset"],
             )
             for r in batch["records"]
         ]

@@ -18,6 +18,9 @@ class Record(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: tuple  # ((name: str, value: bytes | None), ...)
+    # The offset of the record the sender sent before this one from the same partition, or -1
+    # for the first record of a chain (diode.ordering explains how gaps are found from it).
+    prev_offset: int = -1
 
 
 def provenance_headers(record: Record) -> list:
@@ -36,10 +39,10 @@ def partition_owner(topic: str, partition: int, owners: int) -> int:
     return (zlib.crc32(topic.encode()) + partition) % owners
 
 
-def from_kafka_message(msg) -> Record:
+def from_kafka_message(msg, prev_offset: int = -1) -> Record:
     """A confluent_kafka.Message as a Record."""
     ts_type, ts = msg.timestamp()
     return Record(
         msg.topic(), msg.partition(), msg.offset(), ts, ts_type,
-        msg.key(), msg.value(), tuple(msg.headers() or ()),
+        msg.key(), msg.value(), tuple(msg.headers() or ()), prev_offset,
     )

@@ -150,6 +150,10 @@ class SenderSettings:
         "committed offsets and reads them again.", positive)
     batch_linger_ms: float = setting(5.0, "How long a packer waits to fill a datagram.",
                                      non_negative)
+    heartbeat_interval_ms: float = setting(
+        1000.0, "How often each reader sends a heartbeat: per partition, where its chain of "
+        "offsets started and the last offset sent, plus its counters. The receiver finds tail "
+        "loss and a silent link from them.", positive)
     stages: dict = setting({}, "Processes per stage type: kafka_reader, packer, udp_sender "
                            "(exactly 1). Each maps to instances and cpus.",
                            example={"packer": {"instances": 2, "cpus": [1]}})
@@ -162,6 +166,17 @@ class ReceiverSettings:
     topic_prefix: str = setting("", "Destination topic = prefix + source topic.")
     topic_rename: dict = setting({}, "Explicit destination names for some source topics "
                                  "(source: destination); the prefix does not apply to them.")
+    reorder_wait_ms: float = setting(
+        500.0, "How long the writer owning a partition holds a record whose predecessor has not "
+        "arrived, to write in source order; then the records between are reported missing. "
+        "Also how long a heartbeat's claim waits before a missing tail is reported.",
+        non_negative)
+    missing_records_topic: str = setting(
+        "", "Destination topic for missing ranges (JSON: sourceTopic, sourcePartition, "
+        "firstOffset, lastOffset, reason, detectedAt) and later fills; empty: log only.")
+    heartbeat_topic: str = setting(
+        "", "Destination topic recording link liveness: one JSON record per sender heartbeat "
+        "received (like MirrorMaker's heartbeats); empty: none.")
     stages: dict = setting({}, "Processes per stage type: udp_reader (exactly 1), unpacker, "
                            "kafka_writer. Each maps to instances and cpus.",
                            example={"unpacker": {"instances": 2}})

@@ -6,6 +6,7 @@ The udp_reader parses only the header's magic, version and routing key; an unpac
 tag before it trusts any other field.
 """
 
+import json
 import struct
 from typing import NamedTuple
 
@@ -17,6 +18,8 @@ from diode.replay import ReplayWindow
 MAGIC = b"\xd1\x0d"
 VERSION = 1
 KIND_DATA = 1
+KIND_HEARTBEAT = 2
+KINDS = (KIND_DATA, KIND_HEARTBEAT)
 
 HEADER = struct.Struct("!2sBBBBBBQQI")
 HEADER_BYTES = HEADER.size  # 28
@@ -56,7 +59,7 @@ def routing_key(datagram) -> int:
 
 
 class Sealer:
-    """Turns batches into datagrams for one sender session (one packer process)."""
+    """Turns payloads into datagrams for one sender session (one packer process)."""
 
     def __init__(self, cipher: SessionCipher, compression: str, key_id: int = 0):
         self.cipher = cipher
@@ -65,26 +68,54 @@ class Sealer:
         self.key_id = key_id
         self.seq = 0
 
-    def seal(self, payload: bytes) -> bytes:
-        """A datagram carrying the encoded batch `payload`."""
+    def seal(self, payload: bytes, kind: int = KIND_DATA) -> bytes:
+        """A datagram carrying `payload`: an encoded batch (data) or a heartbeat."""
         self.seq += 1
-        header = Header(KIND_DATA, self.cipher.cipher_id, self.compression_id, self.key_id,
-                        self.cipher.session_id, self.seq, self.seq & 0xFFFFFFFF).pack()
-        body = codec.compress(self.compression, payload)
+        compression = self.compression if kind == KIND_DATA else "none"
+        header = Header(kind, self.cipher.cipher_id, codec.COMPRESSION_IDS[compression],
+                        self.key_id, self.cipher.session_id, self.seq,
+                        self.seq & 0xFFFFFFFF).pack()
+        body = codec.compress(compression, payload)
         return header + self.cipher.seal(self.seq, header, body)
 
 
-def open_datagram(datagram: bytes, keyring: Keyring, replay: ReplayWindow | None = None):
-    """Verify, check against replays, decrypt, decompress and decode.
-    Returns (records, partition_counts).
+def unseal(datagram: bytes, keyring: Keyring, replay: ReplayWindow | None = None):
+    """Verify the tag, check against replays, decrypt and decompress: (Header, payload).
 
     Raises RejectedDatagram with the reason; nothing in it is trusted before the tag verifies.
     """
     h = parse_header(datagram)
-    if h.kind != KIND_DATA:
+    if h.kind not in KINDS:
         raise RejectedDatagram("bad_kind", f"kind {h.kind}")
     header = bytes(datagram[:HEADER_BYTES])
     body = keyring.open(h.cipher, h.session_id, h.seq, header, bytes(datagram[HEADER_BYTES:]))
     if replay is not None:
         replay.check(h.session_id, h.seq)
-    return codec.decode_batch(codec.decompress(h.compression, body))
+    return h, codec.decompress(h.compression, body)
+
+
+def open_datagram(datagram: bytes, keyring: Keyring, replay: ReplayWindow | None = None):
+    """A data datagram's (records, partition_counts)."""
+    h, payload = unseal(datagram, keyring, replay)
+    if h.kind != KIND_DATA:
+        raise RejectedDatagram("bad_kind", f"kind {h.kind} where data was expected")
+    return codec.decode_batch(payload)
+
+
+# -- heartbeats --------------------------------------------------------------------------------
+
+def encode_heartbeat(beat: dict) -> bytes:
+    return json.dumps(beat, separators=(",", ":")).encode()
+
+
+def decode_heartbeat(payload: bytes) -> dict:
+    """A heartbeat: {"reader", "time_ms", "interval_ms", "partitions": [[topic, partition,
+    chain_start, last_sent], ...], "counters": {...}}. Raises RejectedDatagram."""
+    try:
+        beat = json.loads(payload)
+        parts = [(str(t), int(p), int(s), int(last)) for t, p, s, last in beat["partitions"]]
+        beat["partitions"] = parts
+        beat["interval_ms"] = float(beat["interval_ms"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RejectedDatagram("decode_failed", f"heartbeat: {exc}") from None
+    return beat

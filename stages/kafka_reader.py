@@ -39,6 +39,11 @@ class Stage(BaseStage):
                            for i in range(self.ctx.instances("packer"))], self.ctx.hwm))
         self.tracker = SentTracker()
         self.assigned: dict = {}          # (topic, partition) -> start offset when assigned
+        # The chain of offsets sent per partition (diode.ordering): where the current chain
+        # started and the last offset dispatched; both forgotten when the reader rewinds.
+        self.chain_start: dict = {}
+        self.last_read: dict = {}
+        self.next_heartbeat = 0.0
         self.counts: dict = {}            # topic -> partition count
         self.epoch = int.from_bytes(os.urandom(3), "big") << 32
         self.seq = 0
@@ -79,6 +84,8 @@ class Stage(BaseStage):
         positions = self.tracker.positions()
         lost = self.tracker.inflight
         self.tracker.reset()
+        self.chain_start.clear()
+        self.last_read.clear()
         self.epoch += 1 << 32  # acknowledgements of earlier messages are ignored from now
         self.out.clear()
         tps = [TopicPartition(t, p, positions.get((t, p), start))
@@ -106,6 +113,9 @@ class Stage(BaseStage):
         else:
             self.acks.poll(20)
         self._check_stalled(now)
+        if now >= self.next_heartbeat:
+            self._heartbeat()
+            self.next_heartbeat = now + self.t.sender.heartbeat_interval_ms / 1000
         if now >= self.next_commit:
             self._commit()
             self.next_commit = now + self.t.sender.offset_commit_interval_ms / 1000
@@ -117,7 +127,10 @@ class Stage(BaseStage):
         for m in msgs:
             err = m.error()
             if err is None:
-                records.append(from_kafka_message(m))
+                tp = (m.topic(), m.partition())
+                records.append(from_kafka_message(m, self.last_read.get(tp, -1)))
+                self.last_read[tp] = m.offset()
+                self.chain_start.setdefault(tp, m.offset())
             elif err.code() != KafkaError._PARTITION_EOF:
                 self.log.warning("source cluster: %s", err)
                 self.metrics.inc("errors", reason="consume")
@@ -127,10 +140,28 @@ class Stage(BaseStage):
         msg_id = self.epoch | self.seq
         counts = {r.topic: self.counts.get(r.topic, r.partition + 1) for r in records}
         self.tracker.dispatched(msg_id, records)
-        self.out.put([transport.dumps((self.ctx.spec.index, msg_id, records, counts))])
+        self.out.put([transport.dumps(("records", self.ctx.spec.index, msg_id, records,
+                                       counts))])
         self.metrics.inc("records", len(records))
         if self.waiting_since is None:
             self.waiting_since = time.monotonic()
+
+    def _heartbeat(self):
+        """Per partition of the current chains: where the chain started and the last offset
+        handed to the kernel (the committed prefix). The packer that takes it sends it after
+        whatever it holds."""
+        positions = self.tracker.positions()
+        parts = [[t, p, start, positions[(t, p)] - 1]
+                 for (t, p), start in self.chain_start.items()
+                 if positions.get((t, p), start) - 1 >= start]
+        beat = {"reader": self.ctx.spec.index, "time_ms": int(time.time() * 1000),
+                "interval_ms": self.t.sender.heartbeat_interval_ms, "partitions": parts,
+                "counters": {"records": self.metrics.get("records"),
+                             "rewinds": self.metrics.get("rewinds"),
+                             "inflight": self.tracker.inflight}}
+        if not self.out.full:
+            self.out.put([transport.dumps(("heartbeat", beat))])
+            self.metrics.inc("heartbeats")
 
     def _take_acks(self):
         progressed = False

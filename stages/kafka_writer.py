@@ -5,10 +5,17 @@ sourceOffset (UTF-8 strings). It goes to prefix + source topic (or receiver.topi
 same partition number when the destination topic has enough partitions. A destination topic that
 does not exist is created with the source topic's partition count.
 
+The writer owns its source partitions' order, duplicates and gaps (diode.ordering): records are
+held up to receiver.reorder.wait.ms to restore source order, duplicates are dropped, and missing
+ranges (from the chain of offsets and the sender's heartbeats) are logged, counted and written to
+receiver.missing.records.topic. Writer 0 also watches the sender's heartbeats: a silent link is
+reported, and each heartbeat can be recorded in receiver.heartbeat.topic.
+
 When the destination cluster is down the producer keeps retrying and its bounded queue fills:
 the writer then stops taking input, which backs up through the unpackers to the UDP socket.
 """
 
+import json
 import time
 
 from confluent_kafka import KafkaException, Producer
@@ -16,6 +23,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from diode import transport
 from diode.kafka import admin_config, partition_counts, producer_config
+from diode.ordering import PartitionState
 from diode.records import TIMESTAMP_NOT_AVAILABLE, provenance_headers
 from diode.worker import Stage as BaseStage
 
@@ -34,6 +42,11 @@ class Stage(BaseStage):
         self.source_partitions: dict = {}  # source topic -> partition count (from the sender)
         self.next_metadata = 0.0
         self.backlog: list = []           # records taken but not yet accepted by the producer
+        self.states: dict = {}            # (topic, partition) -> PartitionState
+        self.next_expire = 0.0
+        self.last_beat = None             # when the last sender heartbeat arrived (writer 0)
+        self.beat_interval = 1.0
+        self.link_silent = False
 
     def destination(self, topic: str) -> str:
         r = self.t.receiver
@@ -41,21 +54,113 @@ class Stage(BaseStage):
 
     def step(self):
         self.producer.poll(0)
+        now = time.monotonic()
+        if now >= self.next_expire:
+            self._expire(now)
+            self.next_expire = now + 0.05
         if self.backlog:
             self._produce_backlog()
             return True
         got = self.input.poll(50)
         if self.drained(idle=not got):
+            # Nothing more is coming: write what waits for a predecessor (reporting the gaps).
+            self._expire(float("inf"))
+            if self.backlog:
+                return True
             self._flush()
             return False
         if not got:
             return True
+        now = time.monotonic()
         for (frame,) in transport.drain(self.input, 16):
-            records, counts = transport.loads(frame)
+            records, counts, claims, beats = transport.loads(frame)
             self.source_partitions.update(counts)
-            self.backlog.extend(records)
+            for t, p, chain_start, last_sent in claims:
+                self._state(t, p).heartbeat(chain_start, last_sent, now)
+            for r in records:
+                self._apply(r.topic, r.partition, self._state(r.topic, r.partition).offer(r, now))
+            for beat in beats:
+                self._beat(beat)
         self._produce_backlog()
         return True
+
+    # -- order, duplicates, gaps (diode.ordering) ----------------------------------------------
+
+    def _state(self, topic: str, partition: int) -> PartitionState:
+        state = self.states.get((topic, partition))
+        if state is None:
+            state = self.states[(topic, partition)] = PartitionState(
+                self.t.receiver.reorder_wait_ms / 1000)
+        return state
+
+    def _apply(self, topic: str, partition: int, u) -> None:
+        self.backlog.extend(u.writes)
+        for m in u.missing:
+            self._event("missing", topic, partition, m.first, m.last, m.reason)
+        for offset in u.filled:
+            self._event("filled", topic, partition, offset, offset, "late")
+
+    def _expire(self, now: float) -> None:
+        for (t, p), state in self.states.items():
+            if state.busy:
+                self._apply(t, p, state.expire(now))
+        self.metrics.set("duplicates", sum(s.duplicates for s in self.states.values()))
+        self.metrics.set("pending_records", sum(len(s.pending) for s in self.states.values()))
+        if self.last_beat is not None and not self.link_silent and not self.stopping and \
+                now - self.last_beat > 3 * self.beat_interval:
+            self.link_silent = True
+            self.metrics.set("link_silent", 1)
+            self.log.warning("no heartbeat from the sender for %.0f s: the link, the sender or "
+                             "its source cluster is down", now - self.last_beat)
+
+    def _event(self, kind, topic, partition, first, last, reason) -> None:
+        """A missing range (or a late record filling one): logged, counted, and written to the
+        missing-records topic when there is one."""
+        if kind == "missing":
+            self.metrics.inc("missing_ranges")
+            self.metrics.inc("missing_records", last - first + 1)
+            self.log.warning("missing %s[%d] offsets %d..%d (%s)", topic, partition, first, last,
+                             "lost on the link" if reason == "gap" else
+                             "sent before the last heartbeat, never arrived")
+        else:
+            self.metrics.inc("late_records")
+            self.log.info("late record %s[%d]@%d filled a missing range", topic, partition,
+                          first)
+        if self.t.receiver.missing_records_topic:
+            event = {"type": kind, "sourceTopic": topic, "sourcePartition": partition,
+                     "firstOffset": first, "lastOffset": last, "reason": reason,
+                     "detectedAt": int(time.time() * 1000)}
+            self._produce_event(self.t.receiver.missing_records_topic,
+                                f"{topic}-{partition}", event)
+
+    def _beat(self, beat: dict) -> None:
+        now = time.monotonic()
+        if self.link_silent:
+            self.log.info("heartbeats again after %.0f s of silence", now - self.last_beat)
+            self.link_silent = False
+            self.metrics.set("link_silent", 0)
+        self.last_beat = now
+        self.beat_interval = beat["interval_ms"] / 1000
+        self.metrics.inc("heartbeats")
+        if self.t.receiver.heartbeat_topic:
+            self._produce_event(self.t.receiver.heartbeat_topic, beat["session"], {
+                "senderTime": beat.get("time_ms"), "receivedAt": int(time.time() * 1000),
+                "reader": beat.get("reader"), "session": beat["session"],
+                "partitions": len(beat["partitions"]), "counters": beat.get("counters", {})})
+
+    def _produce_event(self, topic: str, key: str, event: dict) -> None:
+        while True:
+            try:
+                self.producer.produce(topic, key=key.encode(), value=json.dumps(event).encode(),
+                                      on_delivery=self._event_delivered)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    def _event_delivered(self, err, msg):
+        if err is not None:
+            self.metrics.inc("errors", reason="event")
+            self.log.error("could not write to %s: %s", msg.topic(), err)
 
     def _produce_backlog(self):
         produced = 0

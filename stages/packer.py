@@ -55,7 +55,11 @@ class Stage(BaseStage):
                 frame = self.input.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            reader, msg_id, records, counts = transport.loads(frame)
+            message = transport.loads(frame)
+            if message[0] == "heartbeat":
+                self._heartbeat(message[1])
+                continue
+            _, reader, msg_id, records, counts = message
             self.counts.update(counts)
             for r in records:
                 self._emit(*self.builder.add(r, (reader, msg_id)))
@@ -83,6 +87,26 @@ class Stage(BaseStage):
             self.metrics.inc("bytes", sum(len(s.datagram) for s in sealed))
         for record, tag in oversize:
             self._dead_letter(record, tag)
+
+    def _heartbeat(self, beat: dict):
+        """Seal a reader's heartbeat after the records this packer holds, split over as many
+        datagrams as its partitions need."""
+        self._emit(*self.builder.flush())
+        parts = beat["partitions"]
+        room = self.builder.budget
+        chunks, chunk, size = [], [], 200
+        for entry in parts:
+            n = len(entry[0].encode()) + 70
+            if chunk and size + n > room:
+                chunks.append(chunk)
+                chunk, size = [], 200
+            chunk.append(entry)
+            size += n
+        chunks.append(chunk)
+        datagrams = [self.sealer.seal(wire.encode_heartbeat({**beat, "partitions": c}),
+                                      wire.KIND_HEARTBEAT) for c in chunks]
+        self.out.put([transport.dumps([[] for _ in datagrams])] + datagrams)
+        self.metrics.inc("heartbeat_datagrams", len(datagrams))
 
     # -- records too large for a datagram ----------------------------------------------------
 

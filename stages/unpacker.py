@@ -9,7 +9,7 @@ source partition, so per-partition state lives in one process.
 
 import time
 
-from diode import transport, wire
+from diode import codec, transport, wire
 from diode.crypto import Keyring
 from diode.errors import RejectedDatagram
 from diode.records import partition_owner
@@ -36,19 +36,23 @@ class Stage(BaseStage):
             return False
         if not got:
             return True
-        batches = [[] for _ in self.outs]
-        counts = {}
-        for datagrams in transport.drain(self.input, 8):
+        msgs = [([], {}, [], []) for _ in self.outs]  # per writer: records, counts,
+        for datagrams in transport.drain(self.input, 8):  # heartbeat claims, heartbeats
             for datagram in datagrams:
-                self.unpack(datagram, batches, counts)
-        for out, batch in zip(self.outs, batches):
-            if batch:
-                out.put([transport.dumps((batch, counts))])
+                self.unpack(datagram, msgs)
+        for out, msg in zip(self.outs, msgs):
+            if msg[0] or msg[2] or msg[3]:
+                out.put([transport.dumps(msg)])
         return True
 
-    def unpack(self, datagram, batches, counts) -> None:
+    def unpack(self, datagram, msgs) -> None:
+        """Open one datagram into the per-writer messages. Never raises."""
         try:
-            records, partition_counts = wire.open_datagram(datagram, self.keyring, self.replay)
+            h, payload = wire.unseal(datagram, self.keyring, self.replay)
+            if h.kind == wire.KIND_HEARTBEAT:
+                self._heartbeat(h, wire.decode_heartbeat(payload), msgs)
+                return
+            records, partition_counts = codec.decode_batch(payload)
         except RejectedDatagram as exc:
             self.metrics.inc("rejects", reason=exc.reason)
             return
@@ -56,8 +60,17 @@ class Stage(BaseStage):
             self.log.exception("unexpected error unpacking a datagram: %s", exc)
             self.metrics.inc("rejects", reason="internal_error")
             return
-        counts.update(partition_counts)
         self.metrics.inc("datagrams")
         self.metrics.inc("records", len(records))
         for r in records:
-            batches[partition_owner(r.topic, r.partition, len(batches))].append(r)
+            records_out, counts, _, _ = msgs[partition_owner(r.topic, r.partition, len(msgs))]
+            records_out.append(r)
+            counts[r.topic] = partition_counts.get(r.topic, 1)
+
+    def _heartbeat(self, h, beat, msgs) -> None:
+        """Claims go to the writers owning their partitions; the beat itself to writer 0."""
+        self.metrics.inc("heartbeats")
+        for t, p, start, last in beat["partitions"]:
+            msgs[partition_owner(t, p, len(msgs))][2].append((t, p, start, last))
+        beat["session"] = f"{h.session_id:016x}"
+        msgs[0][3].append(beat)

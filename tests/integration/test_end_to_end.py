@@ -117,7 +117,7 @@ def test_sender_workers_killed_mid_stream_lose_no_record(tmp_path, brokers, laun
     values = {m.value()[:7] for m in got}
     missing = total - len(values)
     assert missing == 0, f"{missing} records lost after killing {killed}\n{d.output()}"
-    assert d.metric("rewinds", "kafka_reader") >= 1  # the readers re-sent what was in flight
+    assert "rewound" in d.output()  # the readers re-sent what was in flight
     assert d.stop() == 0
 
 

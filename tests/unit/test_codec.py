@@ -21,6 +21,7 @@ records = st.builds(
     key=optional_bytes,
     value=optional_bytes,
     headers=st.lists(st.tuples(st.text(max_size=20), optional_bytes), max_size=4).map(tuple),
+    prev_offset=st.one_of(st.integers(-1, 2**63 - 1), st.just(-1)),
 )
 
 
