@@ -1,0 +1,176 @@
+"""A hostile link, simulated by diode.linksim between the sender and the receiver."""
+
+import json
+import random
+import socket
+import threading
+import time
+
+import pytest
+
+from diode.linksim import Faults, FaultSettings, LinkSim
+from tests.conftest import (consume, create_topic, free_port, headers_of, produce,
+                            source_coordinates, write_topology)
+
+SENDER, RECEIVER = 3, 3
+
+
+class Link:
+    """Sender -> link-sim (faults) -> receiver, each side launched with its own topology."""
+
+    def __init__(self, tmp_path, brokers, launch, faults: Faults, **overrides):
+        self.src, self.dst = brokers
+        self.receiver_port = free_port(socket.SOCK_DGRAM)
+        common = deep(overrides, {
+            "sender": {"heartbeat.interval.ms": 300},
+            "receiver": {"reorder.wait.ms": 500, "missing.records.topic": "missing"}})
+        rdir, sdir = tmp_path / "receiver", tmp_path / "sender"
+        rdir.mkdir()
+        sdir.mkdir()
+        self.receiver_topo = write_topology(rdir, self.src.bootstrap, self.dst.bootstrap,
+                                            **deep(common, {"link": {"port":
+                                                                     self.receiver_port}}))
+        self.sim = LinkSim(("127.0.0.1", 0), ("127.0.0.1", self.receiver_port), faults)
+        self.sender_topo = write_topology(sdir, self.src.bootstrap, self.dst.bootstrap,
+                                          **deep(common, {"link": {"port": self.sim.port}}))
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.sim.run, args=(self.stop.is_set,),
+                                       daemon=True)
+        self.thread.start()
+        self.receiver = launch(self.receiver_topo, side="receiver", workers=RECEIVER)
+        self.sender = launch(self.sender_topo, side="sender", workers=SENDER)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        self.sim.close()
+
+
+def deep(base, extra):
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = deep(out.get(k, {}), v) if isinstance(v, dict) else v
+    return out
+
+
+@pytest.fixture
+def link(tmp_path, brokers, launch):
+    made = []
+
+    def make(faults, **overrides):
+        made.append(Link(tmp_path, brokers, launch, faults, **overrides))
+        return made[-1]
+
+    yield make
+    for lk in made:
+        lk.close()
+
+
+def missing_offsets(dst, expected_events=0, timeout=5.0):
+    """(topic, partition, offset) reported missing and not filled later, from the topic."""
+    events = [json.loads(m.value()) for m in consume(dst, "missing", expected_events,
+                                                     timeout=timeout, idle=1.0)]
+    missing = set()
+    for e in events:
+        offsets = {(e["sourceTopic"], e["sourcePartition"], o)
+                   for o in range(e["firstOffset"], e["lastOffset"] + 1)}
+        if e["type"] == "missing":
+            missing |= offsets
+        else:
+            missing -= offsets
+    return missing, events
+
+
+def test_missing_ranges_are_exactly_the_records_lost_on_the_link(link):
+    """5 % uniform loss, no FEC: what is reported missing is exactly what is absent, tail
+    included, once a heartbeat interval (plus the reorder wait) has passed."""
+    lk = link(Faults(FaultSettings(loss=0.05, seed=11)),
+              link={"datagram.size.bytes": 600})
+    create_topic(lk.src.bootstrap, "src", 3)
+    total = 3000
+    produce(lk.src.bootstrap, "src", [{"value": b"%05d" % i + b"." * 40, "partition": i % 3}
+                                      for i in range(total)])
+    sent = {("src", p, o) for p in range(3) for o in range(total // 3)}
+    deadline = time.monotonic() + 60
+    while True:
+        time.sleep(2)
+        arrived = set(source_coordinates(consume(lk.dst.bootstrap, "dst_src", 1, timeout=5,
+                                                 idle=0.5)))
+        reported, events = missing_offsets(lk.dst.bootstrap, timeout=3)
+        if arrived | reported >= sent or time.monotonic() > deadline:
+            break
+    dropped = lk.sim.faults.counts.dropped
+    assert dropped > 0, "the simulator dropped nothing: the test proves nothing"
+    absent = sent - arrived
+    assert absent, "no record was lost"
+    assert reported == absent  # no false positive, no false negative
+    assert lk.receiver.metric("missing_ranges", "kafka_writer") == \
+        len([e for e in events if e["type"] == "missing"])
+
+
+def test_reordering_and_duplication_keep_source_order_without_duplicates(link):
+    lk = link(Faults(FaultSettings(reorder=0.02, reorder_delay_ms=20, duplicate=0.01,
+                                   seed=5)),
+              link={"datagram.size.bytes": 600})
+    create_topic(lk.src.bootstrap, "src", 2)
+    total = 4000
+    produce(lk.src.bootstrap, "src", [{"value": b"%05d" % i, "partition": i % 2}
+                                      for i in range(total)])
+    got = consume(lk.dst.bootstrap, "dst_src", total, timeout=60, idle=2)
+    counts = lk.sim.faults.counts
+    assert counts.reordered > 0 and counts.duplicated > 0
+    assert len(got) == total  # every record once
+    for p in range(2):
+        offsets = [int(headers_of(m)["sourceOffset"]) for m in got if m.partition() == p]
+        assert offsets == list(range(total // 2))  # in source order
+    # duplicated datagrams are stopped by the replay window, before any record is decoded
+    assert lk.receiver.metric("rejects", "unpacker", reason="replayed") == counts.duplicated
+    assert lk.receiver.metric("missing_ranges", "kafka_writer") == 0
+
+
+class Capture(Faults):
+    """No faults; keeps a copy of every datagram that crossed."""
+
+    def __init__(self):
+        super().__init__(FaultSettings())
+        self.datagrams = []
+
+    def decide(self, datagram):
+        self.datagrams.append(datagram)
+        return super().decide(datagram)
+
+
+def test_captured_datagrams_replayed_truncated_or_flipped_write_nothing(link):
+    cap = Capture()
+    lk = link(cap)
+    create_topic(lk.src.bootstrap, "src", 1)
+    produce(lk.src.bootstrap, "src", [{"value": b"real %d" % i} for i in range(500)])
+    assert len(consume(lk.dst.bootstrap, "dst_src", 500, timeout=30)) == 500
+    assert lk.sender.stop() == 0  # nothing more crosses: what was captured is all there is
+    time.sleep(1)
+    captured = list(cap.datagrams)
+    written = lk.receiver.metric("records", "kafka_writer")
+    pids = {n: p.pid for n, p in lk.receiver.workers().items()}
+    rejected_before = lk.receiver.metric("rejects", "unpacker")
+    rng = random.Random(3)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    hostile = []
+    for dg in captured:
+        flipped = bytearray(dg)
+        flipped[rng.randrange(len(dg))] ^= 1 << rng.randrange(8)
+        hostile += [dg, dg[:rng.randrange(len(dg))], bytes(flipped)]
+    for i, dg in enumerate(hostile):
+        s.sendto(dg, ("127.0.0.1", lk.receiver_port))
+        if i % 100 == 0:
+            time.sleep(0.01)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and \
+            lk.receiver.metric("datagrams", "udp_reader") < len(captured) + len(hostile):
+        time.sleep(0.2)
+    time.sleep(1.5)
+    assert lk.receiver.metric("datagrams", "udp_reader") == len(captured) + len(hostile)
+    assert lk.receiver.metric("records", "kafka_writer") == written  # nothing more written
+    assert len(consume(lk.dst.bootstrap, "dst_src", 500, timeout=5, idle=1)) == 500
+    assert lk.receiver.metric("rejects", "unpacker", reason="replayed") >= len(captured)
+    assert lk.receiver.metric("rejects", "unpacker") > rejected_before
+    assert {n: p.pid for n, p in lk.receiver.workers().items()} == pids  # no worker died
