@@ -138,7 +138,11 @@ class SenderSettings:
     start_position: str = setting("earliest", "Where to start a partition with no committed "
                                   "offset: earliest or latest.", one_of("earliest", "latest"))
     dead_letter_topic: str = setting("diode-dead-letter", "Topic on the source cluster for "
-                                     "records too large for one datagram; empty: log only.")
+                                     "records larger than max.record.bytes; empty: log only.")
+    max_record_bytes: int = setting(
+        8388608, "Largest record sent (its Avro encoding: key, value, headers); a record that "
+        "does not fit in one datagram is fragmented. Larger ones go to dead.letter.topic. The "
+        "receiver's max.record.bytes must be at least as large.", between(1024, 1 << 30))
     refresh_topics_interval_seconds: float = setting(
         5.0, "How often readers look for new topics and partitions.", positive)
     offset_commit_interval_ms: int = setting(1000, "How often readers commit the sent "
@@ -166,6 +170,15 @@ class ReceiverSettings:
     topic_prefix: str = setting("", "Destination topic = prefix + source topic.")
     topic_rename: dict = setting({}, "Explicit destination names for some source topics "
                                  "(source: destination); the prefix does not apply to them.")
+    max_record_bytes: int = setting(
+        8388608, "Largest fragmented record the receiver reassembles (compressed and "
+        "decompressed); larger ones are refused and counted.", between(1024, 1 << 30))
+    reassembly_timeout_ms: float = setting(
+        10000.0, "A fragmented record whose next fragment has not come for this long is "
+        "dropped (and reported missing by the loss accounting).", positive)
+    reassembly_max_bytes: int = setting(
+        268435456, "Memory for fragments of records not yet complete, per unpacker; the group "
+        "that progressed least recently is dropped to make room.", positive)
     reorder_wait_ms: float = setting(
         500.0, "How long the writer owning a partition holds a record whose predecessor has not "
         "arrived, to write in source order; then the records between are reported missing. "

@@ -19,7 +19,8 @@ MAGIC = b"\xd1\x0d"
 VERSION = 1
 KIND_DATA = 1
 KIND_HEARTBEAT = 2
-KINDS = (KIND_DATA, KIND_HEARTBEAT)
+KIND_FRAGMENT = 3
+KINDS = (KIND_DATA, KIND_HEARTBEAT, KIND_FRAGMENT)
 
 HEADER = struct.Struct("!2sBBBBBBQQI")
 HEADER_BYTES = HEADER.size  # 28
@@ -68,14 +69,16 @@ class Sealer:
         self.key_id = key_id
         self.seq = 0
 
-    def seal(self, payload: bytes, kind: int = KIND_DATA) -> bytes:
-        """A datagram carrying `payload`: an encoded batch (data) or a heartbeat."""
+    def seal(self, payload: bytes, kind: int = KIND_DATA, routing_key: int | None = None) -> bytes:
+        """A datagram carrying `payload`: an encoded batch (data, compressed here), a heartbeat,
+        or a fragment of a batch compressed as a whole (its header names that compression).
+        The routing key defaults to the sequence number."""
         self.seq += 1
-        compression = self.compression if kind == KIND_DATA else "none"
-        header = Header(kind, self.cipher.cipher_id, codec.COMPRESSION_IDS[compression],
-                        self.key_id, self.cipher.session_id, self.seq,
-                        self.seq & 0xFFFFFFFF).pack()
-        body = codec.compress(compression, payload)
+        compression_id = 0 if kind == KIND_HEARTBEAT else self.compression_id
+        header = Header(kind, self.cipher.cipher_id, compression_id, self.key_id,
+                        self.cipher.session_id, self.seq,
+                        (self.seq if routing_key is None else routing_key) & 0xFFFFFFFF).pack()
+        body = codec.compress(self.compression, payload) if kind == KIND_DATA else payload
         return header + self.cipher.seal(self.seq, header, body)
 
 
@@ -91,6 +94,8 @@ def unseal(datagram: bytes, keyring: Keyring, replay: ReplayWindow | None = None
     body = keyring.open(h.cipher, h.session_id, h.seq, header, bytes(datagram[HEADER_BYTES:]))
     if replay is not None:
         replay.check(h.session_id, h.seq)
+    if h.kind == KIND_FRAGMENT:
+        return h, body  # decompressed once the whole batch is reassembled
     return h, codec.decompress(h.compression, body)
 
 

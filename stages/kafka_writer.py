@@ -36,7 +36,9 @@ class Stage(BaseStage):
         kafka = self.t.receiver.kafka
         self.input = transport.pull(ctx.zmq, ctx.endpoint("kafka_writer", ctx.spec.index),
                                     ctx.hwm)
-        self.producer = Producer(producer_config(kafka, **{"message.timeout.ms": 0}))
+        self.producer = Producer(producer_config(kafka, **{
+            "message.timeout.ms": 0,
+            "message.max.bytes": self.t.receiver.max_record_bytes + 65536}))
         self.admin = AdminClient(admin_config(kafka))
         self.dest_partitions: dict = {}   # destination topic -> partition count
         self.source_partitions: dict = {}  # source topic -> partition count (from the sender)

@@ -3,8 +3,9 @@
 Each packer process is its own sender session: a random session id, a key derived for it, and a
 sequence number that is the AEAD nonce. It fills datagrams up to link.datagram.size.bytes
 (diode.batching.DatagramBuilder), waits at most batch.linger.ms for more records, and tells the
-udp_sender which reader messages each datagram carries. A record too large for any datagram goes
-to the dead-letter topic on the source cluster and is acknowledged once it is there.
+udp_sender which reader messages each datagram carries. A record too large for one datagram is
+fragmented; one larger than sender.max.record.bytes goes to the dead-letter topic on the source
+cluster and is acknowledged once it is there.
 """
 
 import time
@@ -12,7 +13,7 @@ import time
 import zmq
 from confluent_kafka import Producer
 
-from diode import crypto, transport, wire
+from diode import codec, crypto, fragments, transport, wire
 from diode.batching import DatagramBuilder
 from diode.kafka import producer_config
 from diode.records import provenance_headers
@@ -86,7 +87,28 @@ class Stage(BaseStage):
             self.metrics.inc("datagrams", len(sealed))
             self.metrics.inc("bytes", sum(len(s.datagram) for s in sealed))
         for record, tag in oversize:
-            self._dead_letter(record, tag)
+            if codec.encoded_size_bound(record) <= self.t.sender.max_record_bytes:
+                self._fragment(record, tag)
+            else:
+                self._dead_letter(record, tag)
+
+    def _fragment(self, record, tag):
+        """A record too large for one datagram crosses as fragments (diode.fragments): its
+        batch is compressed whole and split; every fragment is its own sealed datagram routed
+        by the group id. The record is acknowledged with the last fragment."""
+        compression = self.sealer.compression
+        payload = codec.compress(compression, codec.encode_batch(
+            [record], {record.topic: self.counts.get(record.topic, 1)}))
+        group = self.sealer.seq + 1  # the sequence number of the first fragment
+        chunk = self.builder.budget - fragments.FRAGMENT_HEADER_BYTES
+        datagrams = [self.sealer.seal(body, wire.KIND_FRAGMENT, routing_key=group)
+                     for body in fragments.split(payload, group, chunk)]
+        meta = [[] for _ in datagrams]
+        meta[-1] = [(tag[0], tag[1], 1)]
+        self.out.put([transport.dumps(meta)] + datagrams)
+        self.metrics.inc("fragmented_records")
+        self.metrics.inc("datagrams", len(datagrams))
+        self.metrics.inc("bytes", sum(len(d) for d in datagrams))
 
     def _heartbeat(self, beat: dict):
         """Seal a reader's heartbeat after the records this packer holds, split over as many
@@ -113,19 +135,20 @@ class Stage(BaseStage):
     def _dead_letter(self, record, tag):
         topic = self.t.sender.dead_letter_topic
         size = len(record.key or b"") + len(record.value or b"")
-        self.log.error("record %s[%d]@%d (%d bytes) does not fit in a %d-byte datagram: %s",
-                       record.topic, record.partition, record.offset, size,
-                       self.t.link.datagram_size_bytes,
+        self.log.error("record %s[%d]@%d (%d bytes) is larger than sender.max.record.bytes "
+                       "%d: %s", record.topic, record.partition, record.offset, size,
+                       self.t.sender.max_record_bytes,
                        f"written to the dead-letter topic {topic}" if topic else "skipped")
         self.metrics.inc("dead_letter_records")
         if not topic:
             self._ack(tag)
             return
         if self.dlq is None:
-            self.dlq = Producer(producer_config(self.t.sender.kafka))
+            self.dlq = Producer(producer_config(self.t.sender.kafka, **{
+                "message.max.bytes": 1_000_000_000}))  # whatever the source cluster held
         headers = provenance_headers(record) + [
-            ("diodeError", f"record of {size} bytes exceeds link.datagram.size.bytes "
-                           f"{self.t.link.datagram_size_bytes}".encode())]
+            ("diodeError", f"record of {size} bytes exceeds sender.max.record.bytes "
+                           f"{self.t.sender.max_record_bytes}".encode())]
 
         def delivered(err, msg, tag=tag, record=record):
             if err is None:

@@ -9,7 +9,7 @@ source partition, so per-partition state lives in one process.
 
 import time
 
-from diode import codec, transport, wire
+from diode import codec, fragments, transport, wire
 from diode.crypto import Keyring
 from diode.errors import RejectedDatagram
 from diode.records import partition_owner
@@ -26,8 +26,18 @@ class Stage(BaseStage):
                                                      ctx.hwm)) for i in range(n)]
         self.keyring = Keyring(ctx.secrets.cipher_id, ctx.secrets.master_key)
         self.replay = ReplayWindow()
+        r = self.t.receiver
+        self.record_limit = r.max_record_bytes + 65536  # a record's batch framing included
+        self.reassembler = fragments.Reassembler(
+            self.record_limit, max(r.reassembly_max_bytes, self.record_limit),
+            r.reassembly_timeout_ms / 1000)
+        self.next_expire = 0.0
 
     def step(self):
+        now = time.monotonic()
+        if now >= self.next_expire:
+            self._expire_fragments(now)
+            self.next_expire = now + 0.5
         if not all(o.flush() for o in self.outs):
             time.sleep(0.001)
             return True
@@ -52,6 +62,14 @@ class Stage(BaseStage):
             if h.kind == wire.KIND_HEARTBEAT:
                 self._heartbeat(h, wire.decode_heartbeat(payload), msgs)
                 return
+            if h.kind == wire.KIND_FRAGMENT:
+                payload = self.reassembler.add(h.session_id, fragments.parse(payload),
+                                               time.monotonic())
+                self.metrics.inc("fragments")
+                if payload is None:
+                    return
+                payload = codec.decompress(h.compression, payload, self.record_limit)
+                self.metrics.inc("reassembled_records")
             records, partition_counts = codec.decode_batch(payload)
         except RejectedDatagram as exc:
             self.metrics.inc("rejects", reason=exc.reason)
@@ -66,6 +84,14 @@ class Stage(BaseStage):
             records_out, counts, _, _ = msgs[partition_owner(r.topic, r.partition, len(msgs))]
             records_out.append(r)
             counts[r.topic] = partition_counts.get(r.topic, 1)
+
+    def _expire_fragments(self, now: float) -> None:
+        for session, group, got, count in self.reassembler.expire(now):
+            self.metrics.inc("rejects", reason="fragments_lost")
+            self.log.warning("a record fragmented in %d datagrams (session %016x, group %d) "
+                             "lost %d of them: dropped; the loss accounting reports it",
+                             count, session, group, count - got)
+        self.metrics.set("reassembly_bytes", self.reassembler.buffered_bytes)
 
     def _heartbeat(self, h, beat, msgs) -> None:
         """Claims go to the writers owning their partitions; the beat itself to writer 0."""

@@ -172,7 +172,8 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
 
 def produce(bootstrap: str, topic: str, records) -> None:
     """records: dicts with value and optional key, headers, timestamp, partition."""
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
+                  "message.max.bytes": 20_000_000})
     for r in records:
         while True:
             try:

@@ -212,15 +212,32 @@ def test_wrong_password_is_rejected_and_writes_nothing(tmp_path, brokers, launch
     assert "dst_src" not in topics(dst.bootstrap)
 
 
-def test_record_too_large_for_a_datagram_goes_to_the_dead_letter_topic(tmp_path, brokers,
-                                                                       launch):
+def test_a_5_mib_record_crosses_a_1472_byte_datagram_link_intact(tmp_path, brokers, launch):
+    src, dst = brokers
+    create_topic(src.bootstrap, "src", 1)
+    big = random.Random(1).randbytes(5 * 1024 * 1024)
+    produce(src.bootstrap, "src", [{"value": b"small before"},
+                                   {"value": big, "key": b"big", "headers": [("h", b"v")]},
+                                   {"value": b"small after"}])
+    topo = write_topology(tmp_path, src.bootstrap, dst.bootstrap, compression="zstd",
+                          link={"datagram.size.bytes": 1472, "rate.mbps": 400})
+    d = launch(topo, workers=SENDER + RECEIVER)
+    got = consume(dst.bootstrap, "dst_src", 3, timeout=60, idle=1)
+    assert [m.value() for m in got] == [b"small before", big, b"small after"]
+    assert got[1].key() == b"big" and got[1].headers()[0] == ("h", b"v")
+    assert d.metric("reassembled_records", "unpacker") == 1
+    assert d.metric("fragments", "unpacker") > 5 * 1024 * 1024 / 1472
+
+
+def test_record_over_the_record_limit_goes_to_the_dead_letter_topic(tmp_path, brokers,
+                                                                     launch):
     src, dst = brokers
     create_topic(src.bootstrap, "src", 1)
     produce(src.bootstrap, "src", [{"value": b"small before"}, {"value": b"X" * 5000},
                                    {"value": b"small after"}])
     topo = write_topology(tmp_path, src.bootstrap, dst.bootstrap,
                           link={"datagram.size.bytes": 1472},
-                          sender={"dead.letter.topic": "too-big"})
+                          sender={"dead.letter.topic": "too-big", "max.record.bytes": 4096})
     d = launch(topo, workers=SENDER + RECEIVER)
     got = consume(dst.bootstrap, "dst_src", 2, idle=1)
     assert [m.value() for m in got] == [b"small before", b"small after"]
@@ -228,7 +245,7 @@ def test_record_too_large_for_a_datagram_goes_to_the_dead_letter_topic(tmp_path,
     assert dead[0].value() == b"X" * 5000
     h = headers_of(dead[0])
     assert (h["sourceTopic"], h["sourcePartition"], h["sourceOffset"]) == (b"src", b"0", b"1")
-    assert "src[0]@1 (5000 bytes) does not fit" in d.output()
+    assert "src[0]@1 (5000 bytes) is larger than sender.max.record.bytes" in d.output()
     # The record was handled, so the committed offset moves past it.
     c = Consumer({"bootstrap.servers": src.bootstrap, "group.id": "diode-test"})
     deadline = time.monotonic() + 10
