@@ -31,11 +31,15 @@ class _Pending:
 
 
 class DatagramBuilder:
-    def __init__(self, datagram_bytes: int, seal, compressed: bool, partition_counts):
-        """`seal(payload) -> datagram`; `partition_counts(topic) -> int`."""
+    def __init__(self, datagram_bytes: int, seal, compressed: bool, partition_counts,
+                 compress=None):
+        """`seal(payload) -> datagram`; `partition_counts(topic) -> int`. With
+        `compress(payload) -> body`, `seal` takes the body instead, and is called only for
+        datagrams that are kept (each seal may be the one that a parity block counts on)."""
         self.limit = datagram_bytes
         self.budget = datagram_bytes - HEADER_BYTES - TAG_BYTES
         self._seal = seal
+        self._compress = compress
         self._compressed = compressed
         self._partition_counts = partition_counts
         self._ratio = 1.0  # compressed / uncompressed, learnt as datagrams are sealed
@@ -84,10 +88,19 @@ class DatagramBuilder:
         payload = codec.encode_batch(records, counts)
         # A batch the receiver would refuse to decompress is never sent, however well it
         # compresses: it is split, and a single record that large is oversize.
-        datagram = self._seal(payload) if len(payload) <= codec.MAX_BATCH_BYTES else None
-        if self._compressed and datagram is not None:
-            ratio = (len(datagram) - HEADER_BYTES - TAG_BYTES) / max(len(payload), 1)
-            self._ratio = 0.7 * self._ratio + 0.3 * ratio
+        datagram = None
+        if len(payload) <= codec.MAX_BATCH_BYTES:
+            if self._compress is None:
+                datagram = self._seal(payload)
+                size = len(datagram)
+            else:  # size first: only datagrams that are kept get sealed
+                body = self._compress(payload)
+                size = len(body) + HEADER_BYTES + TAG_BYTES
+            if self._compressed:
+                self._ratio = 0.7 * self._ratio + 0.3 * (size - HEADER_BYTES - TAG_BYTES) / max(
+                    len(payload), 1)
+            if size <= self.limit and datagram is None:
+                datagram = self._seal(body)
         if datagram is not None and len(datagram) <= self.limit:
             tag_counts = {}
             for t in tags:

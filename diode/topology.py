@@ -104,6 +104,18 @@ class LinkSettings:
         100.0, "Sender pacing in megabits per second of UDP payload; 0 sends unpaced. Keep it "
         "under what the link and the receiver can take: nothing tells the sender of drops.",
         non_negative)
+    fec_data_datagrams: int = setting(
+        8, "Forward error correction: data datagrams per block (k). Used when "
+        "fec.parity.datagrams is above 0.", between(1, 128))
+    fec_parity_datagrams: int = setting(
+        0, "Parity datagrams per block (m): any m lost datagrams of a block are rebuilt by the "
+        "receiver; 0 turns FEC off. Costs m/k more datagrams.", between(0, 128))
+    fec_interleave_depth: int = setting(
+        1, "Blocks filled in turn (D): a burst of up to D*m consecutive lost datagrams is "
+        "recovered. Raises latency: parity of a round leaves after D*k data datagrams or the "
+        "linger.", between(1, 64))
+    copies: int = setting(1, "Send every datagram this many times (the receiver drops the "
+                          "copies it does not need). Multiplies the bandwidth.", between(1, 5))
     receive_buffer_bytes: int = setting(
         33554432, "SO_RCVBUF the receiver asks for. The kernel caps it at net.core.rmem_max; the "
         "receiver warns with the sysctl to run when it gets less.", positive)

@@ -20,7 +20,9 @@ VERSION = 1
 KIND_DATA = 1
 KIND_HEARTBEAT = 2
 KIND_FRAGMENT = 3
-KINDS = (KIND_DATA, KIND_HEARTBEAT, KIND_FRAGMENT)
+KIND_PARITY = 4
+KINDS = (KIND_DATA, KIND_HEARTBEAT, KIND_FRAGMENT, KIND_PARITY)
+FLAG_FEC = 1  # a data or fragment datagram covered by parity datagrams of its block
 
 HEADER = struct.Struct("!2sBBBBBBQQI")
 HEADER_BYTES = HEADER.size  # 28
@@ -35,23 +37,24 @@ class Header(NamedTuple):
     session_id: int
     seq: int
     routing_key: int
+    flags: int = 0
 
     def pack(self) -> bytes:
         return HEADER.pack(MAGIC, VERSION, self.kind, self.cipher, self.compression, self.key_id,
-                           0, self.session_id, self.seq, self.routing_key)
+                           self.flags, self.session_id, self.seq, self.routing_key)
 
 
 def parse_header(datagram) -> Header:
     """The header of a datagram, unauthenticated. Raises RejectedDatagram."""
     if len(datagram) < HEADER_BYTES:
         raise RejectedDatagram("truncated", f"{len(datagram)} bytes")
-    magic, version, kind, cipher, compression, key_id, _flags, session, seq, routing = \
+    magic, version, kind, cipher, compression, key_id, flags, session, seq, routing = \
         HEADER.unpack_from(datagram)
     if magic != MAGIC:
         raise RejectedDatagram("bad_magic")
     if version != VERSION:
         raise RejectedDatagram("bad_version", f"version {version}, this receiver speaks {VERSION}")
-    return Header(kind, cipher, compression, key_id, session, seq, routing)
+    return Header(kind, cipher, compression, key_id, session, seq, routing, flags)
 
 
 def routing_key(datagram) -> int:
@@ -69,16 +72,23 @@ class Sealer:
         self.key_id = key_id
         self.seq = 0
 
-    def seal(self, payload: bytes, kind: int = KIND_DATA, routing_key: int | None = None) -> bytes:
+    def seal(self, payload: bytes, kind: int = KIND_DATA, routing_key: int | None = None,
+             flags: int = 0) -> bytes:
         """A datagram carrying `payload`: an encoded batch (data, compressed here), a heartbeat,
-        or a fragment of a batch compressed as a whole (its header names that compression).
-        The routing key defaults to the sequence number."""
+        parity, or a fragment of a batch compressed as a whole (its header names that
+        compression). The routing key defaults to the sequence number."""
+        body = codec.compress(self.compression, payload) if kind == KIND_DATA else payload
+        return self.seal_body(body, kind, routing_key, flags)
+
+    def seal_body(self, body: bytes, kind: int = KIND_DATA, routing_key: int | None = None,
+                  flags: int = 0) -> bytes:
+        """Like seal, for a body already compressed (or not to be)."""
         self.seq += 1
-        compression_id = 0 if kind == KIND_HEARTBEAT else self.compression_id
+        compression_id = self.compression_id if kind in (KIND_DATA, KIND_FRAGMENT) else 0
         header = Header(kind, self.cipher.cipher_id, compression_id, self.key_id,
                         self.cipher.session_id, self.seq,
-                        (self.seq if routing_key is None else routing_key) & 0xFFFFFFFF).pack()
-        body = codec.compress(self.compression, payload) if kind == KIND_DATA else payload
+                        (self.seq if routing_key is None else routing_key) & 0xFFFFFFFF,
+                        flags).pack()
         return header + self.cipher.seal(self.seq, header, body)
 
 
@@ -94,8 +104,8 @@ def unseal(datagram: bytes, keyring: Keyring, replay: ReplayWindow | None = None
     body = keyring.open(h.cipher, h.session_id, h.seq, header, bytes(datagram[HEADER_BYTES:]))
     if replay is not None:
         replay.check(h.session_id, h.seq)
-    if h.kind == KIND_FRAGMENT:
-        return h, body  # decompressed once the whole batch is reassembled
+    if h.kind in (KIND_FRAGMENT, KIND_PARITY):
+        return h, body  # a fragment is decompressed once its whole batch is reassembled
     return h, codec.decompress(h.compression, body)
 
 

@@ -13,7 +13,7 @@ import time
 import zmq
 from confluent_kafka import Producer
 
-from diode import codec, crypto, fragments, transport, wire
+from diode import codec, crypto, fec, fragments, transport, wire
 from diode.batching import DatagramBuilder
 from diode.kafka import producer_config
 from diode.records import provenance_headers
@@ -33,9 +33,17 @@ class Stage(BaseStage):
         cipher = crypto.SessionCipher(ctx.secrets.cipher_id, ctx.secrets.master_key, session)
         self.sealer = wire.Sealer(cipher, self.t.compression)
         self.counts: dict = {}
-        self.builder = DatagramBuilder(self.t.link.datagram_size_bytes, self.sealer.seal,
-                                       self.t.compression != "none",
-                                       lambda topic: self.counts.get(topic, 1))
+        link = self.t.link
+        self.fec = fec.BlockEncoder(link.fec_data_datagrams, link.fec_parity_datagrams,
+                                    link.fec_interleave_depth)
+        self.parity: list = []  # parity datagrams to send after the data they protect
+        limit = link.datagram_size_bytes
+        if self.fec.enabled:  # a parity datagram is as long as its block's longest + overhead
+            limit -= wire.HEADER_BYTES + crypto.TAG_BYTES + fec.parity_overhead(
+                link.fec_data_datagrams)
+        self.builder = DatagramBuilder(limit, self._seal, self.t.compression != "none",
+                                       lambda topic: self.counts.get(topic, 1),
+                                       compress=lambda p: codec.compress(self.t.compression, p))
         self.linger = self.t.sender.batch_linger_ms / 1000
         self.first_pending = None
         self.dlq = None
@@ -69,6 +77,9 @@ class Stage(BaseStage):
         now = time.monotonic()
         if self.builder.pending and (now - self.first_pending >= self.linger or self.stopping):
             self._emit(*self.builder.flush())
+            self._parity(self.fec.flush())  # a quiet link must not hold parity back
+        if self.parity:
+            self._send([], [])
         if self.drained(idle=not got):
             return not (self.out.flush() and self._dlq_done())
         return True
@@ -78,14 +89,35 @@ class Stage(BaseStage):
             return max(0, int((self.first_pending + self.linger - now) * 1000))
         return 50
 
+    def _seal(self, body: bytes) -> bytes:
+        """Seal a data datagram; with FEC, into the block the encoder assigns, whose parity
+        datagrams wait in self.parity until they are due."""
+        if not self.fec.enabled:
+            return self.sealer.seal_body(body)
+        block = self.fec.assign()
+        datagram = self.sealer.seal_body(body, routing_key=block, flags=wire.FLAG_FEC)
+        self._parity(self.fec.add(block, self.sealer.seq, datagram))
+        return datagram
+
+    def _parity(self, outs) -> None:
+        for out in outs:
+            self.parity.append(self.sealer.seal(out.payload, wire.KIND_PARITY,
+                                                routing_key=out.block_id))
+
+    def _send(self, datagrams, meta) -> None:
+        """Datagrams (with what each acknowledges), then any parity that became due."""
+        parity, self.parity = self.parity, []
+        self.out.put([transport.dumps(meta + [[] for _ in parity])] + datagrams + parity)
+        self.metrics.inc("datagrams", len(datagrams))
+        self.metrics.inc("parity_datagrams", len(parity))
+        self.metrics.inc("bytes", sum(map(len, datagrams)) + sum(map(len, parity)))
+
     def _emit(self, sealed, oversize):
         if sealed:
             self.first_pending = time.monotonic() if self.builder.pending else None
             meta = [[(reader, msg_id, n) for (reader, msg_id), n in s.tags.items()]
                     for s in sealed]
-            self.out.put([transport.dumps(meta)] + [s.datagram for s in sealed])
-            self.metrics.inc("datagrams", len(sealed))
-            self.metrics.inc("bytes", sum(len(s.datagram) for s in sealed))
+            self._send([s.datagram for s in sealed], meta)
         for record, tag in oversize:
             if codec.encoded_size_bound(record) <= self.t.sender.max_record_bytes:
                 self._fragment(record, tag)
@@ -101,14 +133,14 @@ class Stage(BaseStage):
             [record], {record.topic: self.counts.get(record.topic, 1)}))
         group = self.sealer.seq + 1  # the sequence number of the first fragment
         chunk = self.builder.budget - fragments.FRAGMENT_HEADER_BYTES
+        # Fragments are routed by their group (one unpacker reassembles the record), so they
+        # cannot follow FEC's per-block routing: they are not covered by parity.
         datagrams = [self.sealer.seal(body, wire.KIND_FRAGMENT, routing_key=group)
                      for body in fragments.split(payload, group, chunk)]
         meta = [[] for _ in datagrams]
         meta[-1] = [(tag[0], tag[1], 1)]
-        self.out.put([transport.dumps(meta)] + datagrams)
+        self._send(datagrams, meta)
         self.metrics.inc("fragmented_records")
-        self.metrics.inc("datagrams", len(datagrams))
-        self.metrics.inc("bytes", sum(len(d) for d in datagrams))
 
     def _heartbeat(self, beat: dict):
         """Seal a reader's heartbeat after the records this packer holds, split over as many

@@ -52,9 +52,10 @@ class Stage(BaseStage):
     def _send_backlog(self):
         while self.backlog:
             datagram, acks = self.backlog[0]
-            self.pacer.wait(len(datagram) + IP_UDP_OVERHEAD)
             try:
-                self.sock.sendto(datagram, self.addr)
+                for _ in range(self.t.link.copies):  # the receiver's replay window drops extras
+                    self.pacer.wait(len(datagram) + IP_UDP_OVERHEAD)
+                    self.sock.sendto(datagram, self.addr)
             except OSError as exc:
                 # Not handed to the kernel: not acknowledged, so never committed. Retried at the
                 # next step until the network comes back.

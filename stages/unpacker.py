@@ -9,7 +9,7 @@ source partition, so per-partition state lives in one process.
 
 import time
 
-from diode import codec, fragments, transport, wire
+from diode import codec, fec, fragments, transport, wire
 from diode.crypto import Keyring
 from diode.errors import RejectedDatagram
 from diode.records import partition_owner
@@ -32,6 +32,7 @@ class Stage(BaseStage):
             self.record_limit, max(r.reassembly_max_bytes, self.record_limit),
             r.reassembly_timeout_ms / 1000)
         self.next_expire = 0.0
+        self.fec = fec.BlockDecoder()
 
     def step(self):
         now = time.monotonic()
@@ -62,6 +63,12 @@ class Stage(BaseStage):
             if h.kind == wire.KIND_HEARTBEAT:
                 self._heartbeat(h, wire.decode_heartbeat(payload), msgs)
                 return
+            if h.kind == wire.KIND_PARITY:
+                self._parity(h, payload, msgs)
+                return
+            if h.flags & wire.FLAG_FEC:
+                self._recovered(self.fec.data(h.session_id, h.routing_key, h.seq,
+                                              bytes(datagram), time.monotonic()), msgs)
             if h.kind == wire.KIND_FRAGMENT:
                 payload = self.reassembler.add(h.session_id, fragments.parse(payload),
                                                time.monotonic())
@@ -85,7 +92,25 @@ class Stage(BaseStage):
             records_out.append(r)
             counts[r.topic] = partition_counts.get(r.topic, 1)
 
+    def _parity(self, h, payload, msgs) -> None:
+        try:
+            parity = fec.decode_parity(payload)
+        except ValueError as exc:
+            raise RejectedDatagram("decode_failed", f"parity: {exc}") from None
+        if parity.block_id != h.routing_key:
+            raise RejectedDatagram("decode_failed", "parity block id is not its routing key")
+        self.metrics.inc("parity_datagrams")
+        self._recovered(self.fec.parity(h.session_id, parity, time.monotonic()), msgs)
+
+    def _recovered(self, datagrams, msgs) -> None:
+        """Datagrams rebuilt from parity: opened like any other (their own tags verify them)."""
+        for datagram in datagrams:
+            self.metrics.inc("fec_recovered")
+            self.unpack(datagram, msgs)
+
     def _expire_fragments(self, now: float) -> None:
+        self.fec.expire(now)
+        self.metrics.set("fec_unrecoverable_blocks", self.fec.blocks_unrecoverable)
         for session, group, got, count in self.reassembler.expire(now):
             self.metrics.inc("rejects", reason="fragments_lost")
             self.log.warning("a record fragmented in %d datagrams (session %016x, group %d) "
