@@ -95,16 +95,19 @@ class SessionCipher:
 
 
 class Keyring:
-    """The receiver's side: the master key, and session ciphers cached by session id (bounded)."""
+    """The receiver's side: master keys by key id (current and next during a rotation), and
+    session ciphers cached by (key id, session id), bounded."""
 
     MAX_SESSIONS = 1024
 
-    def __init__(self, cipher_id: int, master: bytes | None):
+    def __init__(self, cipher_id: int, master: bytes | None, others: dict | None = None,
+                 key_id: int = 0):
         self.cipher_id = cipher_id
-        self.master = master
-        self._sessions: dict[int, object] = {}
+        self.masters = {key_id: master, **(others or {})}
+        self._sessions: dict[tuple, object] = {}
 
-    def open(self, cipher_id: int, session_id: int, seq: int, header: bytes, body: bytes) -> bytes:
+    def open(self, cipher_id: int, session_id: int, seq: int, header: bytes, body: bytes,
+             key_id: int = 0) -> bytes:
         if cipher_id != self.cipher_id:
             raise RejectedDatagram(
                 "wrong_cipher",
@@ -112,16 +115,20 @@ class Keyring:
                 f"{CIPHER_NAMES[self.cipher_id]}")
         if not cipher_id:
             return body
-        aead = self._sessions.get(session_id)
+        master = self.masters.get(key_id)
+        if master is None:
+            raise RejectedDatagram("unknown_key", f"key id {key_id}; this receiver has "
+                                   f"{sorted(self.masters)}")
+        aead = self._sessions.get((key_id, session_id))
         if aead is None:
-            aead = _AEAD[cipher_id](session_key(self.master, session_id))
+            aead = _AEAD[cipher_id](session_key(master, session_id))
         try:
             plaintext = aead.decrypt(nonce(seq), body, header)
         except InvalidTag:
             raise RejectedDatagram("auth_failed", f"session {session_id:016x} seq {seq}") from None
         # Cache only sessions that authenticated, so forged session ids cannot fill the cache.
-        if session_id not in self._sessions:
+        if (key_id, session_id) not in self._sessions:
             if len(self._sessions) >= self.MAX_SESSIONS:
                 self._sessions.pop(next(iter(self._sessions)))
-            self._sessions[session_id] = aead
+            self._sessions[(key_id, session_id)] = aead
         return plaintext

@@ -62,12 +62,22 @@ def load_secrets(t: Topology) -> worker.Secrets:
         log.warning("security.cipher is none: datagrams are NOT encrypted or authenticated; "
                     "anyone who can reach the receiver's port can write records")
         return worker.Secrets(0, None)
-    if sec.key_file:
-        return worker.Secrets(cipher_id, crypto.read_key_file(t.resolve(sec.key_file)))
-    if sec.password_file:
-        _warn_if_readable_by_others(t.resolve(sec.password_file))
-    password = crypto.read_secret(t.resolve(sec.password_file), sec.password_env, "password")
-    return worker.Secrets(cipher_id, crypto.master_key_from_password(password, sec.salt.encode()))
+    current = _master_key(t, sec.key_file, sec.password_file, sec.password_env, "password")
+    following = None
+    if sec.next_key_file or sec.next_password_file or sec.next_password_env:
+        following = _master_key(t, sec.next_key_file, sec.next_password_file,
+                                sec.next_password_env, "next password")
+    return worker.Secrets(cipher_id, current, sec.key_id, following, sec.next_key_id)
+
+
+def _master_key(t: Topology, key_file: str, password_file: str, password_env: str,
+                what: str) -> bytes:
+    if key_file:
+        return crypto.read_key_file(t.resolve(key_file))
+    if password_file:
+        _warn_if_readable_by_others(t.resolve(password_file))
+    password = crypto.read_secret(t.resolve(password_file), password_env, what)
+    return crypto.master_key_from_password(password, t.security.salt.encode())
 
 
 def _warn_if_readable_by_others(path: str) -> None:

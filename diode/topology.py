@@ -134,6 +134,16 @@ class SecuritySettings:
     salt: str = setting("", "Salt for PBKDF2 (not a secret, but both sides must agree).")
     key_file: str = setting("", "File holding a raw 32-byte master key (or 64 hex characters), "
                             "instead of a password.")
+    key_id: int = setting(0, "Id of the current key (0-255), carried in every datagram. The "
+                          "sender seals with the current key.", between(0, 255))
+    next_key_id: int = setting(1, "Id of the next key during a rotation.", between(0, 255))
+    next_password_file: str = setting("", "The next key's password file (same salt): the "
+                                      "receiver accepts the current and the next key. Rotate: "
+                                      "give the receiver the next key, then switch the sender "
+                                      "(its current key becomes the old next), then drop the "
+                                      "old key from the receiver.")
+    next_password_env: str = setting("", "The next key's password from an environment variable.")
+    next_key_file: str = setting("", "The next key as a raw 32-byte key file.")
     allow_plaintext: bool = setting(False, "Must be true for cipher none. Datagrams are then "
                                     "neither encrypted nor authenticated: anyone on the low "
                                     "side network can forge records.")
@@ -400,6 +410,15 @@ def _cross_checks(t: Topology) -> list[str]:
                             f"key.file (found {', '.join(sources) or 'none'})")
         if (sec.password_file or sec.password_env) and not sec.salt:
             problems.append("security.salt: required with a password")
+        nexts = [k for k in ("next.password.file", "next.password.env", "next.key.file")
+                 if getattr(sec, k.replace(".", "_"))]
+        if len(nexts) > 1:
+            problems.append(f"security: give at most one of {', '.join(nexts)}")
+        if nexts and sec.next_key_id == sec.key_id:
+            problems.append("security.next.key.id: must differ from security.key.id")
+        if "next.password.file" in nexts or "next.password.env" in nexts:
+            if not sec.salt:
+                problems.append("security.salt: required with a password")
     if not t.sender.topics and not t.sender.topics_regex:
         problems.append("sender: name at least one topic in topics or topics.regex")
     for side in SIDES:

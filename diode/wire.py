@@ -101,7 +101,8 @@ def unseal(datagram: bytes, keyring: Keyring, replay: ReplayWindow | None = None
     if h.kind not in KINDS:
         raise RejectedDatagram("bad_kind", f"kind {h.kind}")
     header = bytes(datagram[:HEADER_BYTES])
-    body = keyring.open(h.cipher, h.session_id, h.seq, header, bytes(datagram[HEADER_BYTES:]))
+    body = keyring.open(h.cipher, h.session_id, h.seq, header, bytes(datagram[HEADER_BYTES:]),
+                        h.key_id)
     if replay is not None:
         replay.check(h.session_id, h.seq)
     if h.kind in (KIND_FRAGMENT, KIND_PARITY):

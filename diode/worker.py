@@ -31,10 +31,21 @@ PR_SET_PDEATHSIG = 1
 
 @dataclass
 class Secrets:
-    """Key material, loaded once by the supervisor and inherited by the children."""
+    """Key material, loaded once by the supervisor and inherited by the children: the current
+    master key (the sender seals with it) and, during a rotation, the next one (the receiver
+    accepts both)."""
 
     cipher_id: int
     master_key: bytes | None
+    key_id: int = 0
+    next_key: bytes | None = None
+    next_key_id: int = 1
+
+    def keys(self) -> dict:
+        keys = {self.key_id: self.master_key}
+        if self.next_key is not None:
+            keys[self.next_key_id] = self.next_key
+        return keys
 
 
 @dataclass

@@ -31,7 +31,7 @@ class Stage(BaseStage):
                                     ctx.hwm * 16) for i in range(readers)]
         session = crypto.new_session_id()
         cipher = crypto.SessionCipher(ctx.secrets.cipher_id, ctx.secrets.master_key, session)
-        self.sealer = wire.Sealer(cipher, self.t.compression)
+        self.sealer = wire.Sealer(cipher, self.t.compression, ctx.secrets.key_id)
         self.counts: dict = {}
         link = self.t.link
         self.fec = fec.BlockEncoder(link.fec_data_datagrams, link.fec_parity_datagrams,

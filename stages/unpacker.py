@@ -24,7 +24,8 @@ class Stage(BaseStage):
         n = ctx.instances("kafka_writer")
         self.outs = [transport.Outbox(transport.push(ctx.zmq, [ctx.endpoint("kafka_writer", i)],
                                                      ctx.hwm)) for i in range(n)]
-        self.keyring = Keyring(ctx.secrets.cipher_id, ctx.secrets.master_key)
+        sec = ctx.secrets
+        self.keyring = Keyring(sec.cipher_id, sec.master_key, sec.keys(), sec.key_id)
         self.replay = ReplayWindow()
         r = self.t.receiver
         self.record_limit = r.max_record_bytes + 65536  # a record's batch framing included

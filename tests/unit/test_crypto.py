@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from diode import crypto
+from diode import codec, crypto, wire
 from diode.errors import RejectedDatagram, SecretError
 
 AEADS = ["aes-256-gcm", "chacha20-poly1305"]
@@ -167,7 +167,7 @@ def test_keyring_cache_is_bounded():
         assert keyring.open(1, sid, 1, HEADER, body) == b"r"
         assert len(keyring._sessions) <= 8
     # the newest sessions are the ones kept, and they still open
-    assert 29 in keyring._sessions
+    assert (0, 29) in keyring._sessions
     old = crypto.SessionCipher(1, MASTER, 0).seal(2, HEADER, b"again")
     assert keyring.open(1, 0, 2, HEADER, old) == b"again"
 
@@ -183,7 +183,7 @@ def test_forged_sessions_are_not_cached_and_do_not_evict_real_ones(derivations):
             keyring.open(1, sid, 1, HEADER, os.urandom(40))
         assert exc.value.reason == "auth_failed"
 
-    assert set(keyring._sessions) == {1000}
+    assert set(keyring._sessions) == {(0, 1000)}
     derivations.clear()
     assert keyring.open(1, 1000, 2, HEADER, real.seal(2, HEADER, b"ok")) == b"ok"
     assert derivations == []  # the real session was still cached
@@ -260,3 +260,18 @@ def test_read_key_file_rejects_bad_sizes_and_content(tmp_path, content):
 def test_read_key_file_missing(tmp_path):
     with pytest.raises(SecretError):
         crypto.read_key_file(str(tmp_path / "missing"))
+
+
+def test_key_rotation_receiver_accepts_current_and_next_keys_only():
+    old, new, stranger = os.urandom(32), os.urandom(32), os.urandom(32)
+    receiver = crypto.Keyring(1, old, {1: new}, key_id=0)
+    for key_id, master in ((0, old), (1, new)):
+        sealer = wire.Sealer(crypto.SessionCipher(1, master, 77 + key_id), "none", key_id)
+        dg = sealer.seal(codec.encode_batch([], {}))
+        assert wire.open_datagram(dg, receiver) == ([], {})
+    # a key id the receiver does not hold, and the right id with the wrong key
+    for key_id, master, reason in ((2, new, "unknown_key"), (1, stranger, "auth_failed")):
+        sealer = wire.Sealer(crypto.SessionCipher(1, master, 99), "none", key_id)
+        with pytest.raises(RejectedDatagram) as exc:
+            wire.open_datagram(sealer.seal(codec.encode_batch([], {})), receiver)
+        assert exc.value.reason == reason

@@ -387,3 +387,13 @@ def test_any_document_is_either_valid_or_a_topology_error(data):
 def test_non_string_regex_is_reported(pattern):
     problems = problems_of(minimal(sender={"topics.regex": [pattern]}))
     assert any(p.startswith("sender.topics.regex:") for p in problems)
+
+
+def test_key_rotation_settings_are_checked():
+    problems = problems_of(minimal(security={"next.password.file": "n", "next.key.file": "k",
+                                             "next.key.id": 0}))
+    assert "security: give at most one of next.password.file, next.key.file" in problems
+    assert "security.next.key.id: must differ from security.key.id" in problems
+    t = topology.from_dict(minimal(security={"next.password.env": "NEXT", "key.id": 3,
+                                             "next.key.id": 4}), cpu_count=4)
+    assert (t.security.key_id, t.security.next_key_id) == (3, 4)
