@@ -4,6 +4,7 @@ import socket
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 import zmq
 
 from diode import crypto, transport, wire
@@ -159,3 +160,55 @@ def test_packer_fills_datagrams_and_reports_what_each_carries(zctx):
     assert got == recs  # in order, each once
     assert acks == {77: 300, 78: 200}
     assert p.metrics.get("datagrams") > 10  # 500 records of ~40 bytes do not fit in one
+
+
+def _unpacker_for_fuzzing():
+    ctx = zmq.Context.instance()
+    t = topology(kafka_writer=2)
+    return make_stage(ctx, t, "receiver", "unpacker")
+
+
+HOSTILE = None
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_hostile_datagrams_never_raise_never_yield_records_and_are_all_counted(data):
+    """Random, truncated, bit-flipped, replayed and wrong-key datagrams, straight into the
+    unpacker's per-datagram path: nothing escapes, nothing is written, every one is counted."""
+    global HOSTILE
+    if HOSTILE is None:
+        HOSTILE = _unpacker_for_fuzzing()
+        HOSTILE.seen = valid_datagram(records(3), session=4242)
+        HOSTILE.unpack(HOSTILE.seen, [([], {}, [], []) for _ in range(2)])  # accepted once
+    u = HOSTILE
+    good = u.seen
+    kind = data.draw(st.sampled_from(["random", "truncated", "flipped", "replayed",
+                                      "wrong_key", "forged_header"]))
+    if kind == "random":
+        dg = data.draw(st.binary(max_size=2000))
+    elif kind == "truncated":
+        dg = good[:data.draw(st.integers(0, len(good) - 1))]
+    elif kind == "flipped":
+        pos = data.draw(st.integers(0, len(good) * 8 - 1))
+        flipped = bytearray(good)
+        flipped[pos // 8] ^= 1 << (pos % 8)
+        dg = bytes(flipped)
+    elif kind == "replayed":
+        dg = good
+    elif kind == "wrong_key":
+        dg = wire.Sealer(crypto.SessionCipher(1, data.draw(st.binary(min_size=32, max_size=32)),
+                                              data.draw(st.integers(0, 2**64 - 1))),
+                         "none").seal(data.draw(st.binary(max_size=500)))
+    else:  # a valid-looking header of any kind, cipher, compression and key id
+        header = wire.Header(data.draw(st.integers(0, 255)), 1, data.draw(st.integers(0, 255)),
+                             data.draw(st.integers(0, 255)), data.draw(st.integers(0, 2**64 - 1)),
+                             data.draw(st.integers(0, 2**64 - 1)), 0).pack()
+        dg = header + data.draw(st.binary(max_size=500))
+    before = sum(v for (name, _), v in u.metrics.counters.items() if name == "rejects")
+    msgs = [([], {}, [], []) for _ in range(2)]
+    u.unpack(dg, msgs)  # must not raise
+    assert all(not records and not claims and not beats for records, _, claims, beats in msgs)
+    after = sum(v for (name, _), v in u.metrics.counters.items() if name == "rejects")
+    assert after == before + 1
+    assert u.metrics.get("rejects", reason="internal_error") == 0
