@@ -113,10 +113,12 @@ def test_sender_workers_killed_mid_stream_lose_no_record(tmp_path, brokers, laun
         killed.append(victim)
     producer.join()
 
-    got = consume(dst.bootstrap, "dst_src", total, timeout=120, distinct=lambda m: m.value())
+    got = consume(dst.bootstrap, "dst_src", total, timeout=120, distinct=lambda m: m.value(),
+                  idle=2)
     values = {m.value()[:7] for m in got}
     missing = total - len(values)
     assert missing == 0, f"{missing} records lost after killing {killed}\n{d.output()}"
+    assert len(got) == total  # what was sent again was recognised and dropped
     assert "rewound" in d.output()  # the readers re-sent what was in flight
     assert d.stop() == 0
 

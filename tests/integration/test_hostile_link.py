@@ -142,10 +142,15 @@ class Capture(Faults):
 
 def test_captured_datagrams_replayed_truncated_or_flipped_write_nothing(link):
     cap = Capture()
-    lk = link(cap)
+    lk = link(cap, receiver={"heartbeat.topic": "heartbeats"})
     create_topic(lk.src.bootstrap, "src", 1)
     produce(lk.src.bootstrap, "src", [{"value": b"real %d" % i} for i in range(500)])
     assert len(consume(lk.dst.bootstrap, "dst_src", 500, timeout=30)) == 500
+    time.sleep(1)  # a heartbeat after the records
+    beats = [json.loads(m.value()) for m in consume(lk.dst.bootstrap, "heartbeats", 2, idle=1)]
+    # link liveness, with what the sender has sent
+    assert any(b["partitions"] == 1 and b["counters"]["records"] >= 500 and b["session"]
+               for b in beats)
     assert lk.sender.stop() == 0  # nothing more crosses: what was captured is all there is
     time.sleep(1)
     captured = list(cap.datagrams)
@@ -174,6 +179,13 @@ def test_captured_datagrams_replayed_truncated_or_flipped_write_nothing(link):
     assert lk.receiver.metric("rejects", "unpacker", reason="replayed") >= len(captured)
     assert lk.receiver.metric("rejects", "unpacker") > rejected_before
     assert {n: p.pid for n, p in lk.receiver.workers().items()} == pids  # no worker died
+    # the sender is gone: three heartbeat intervals later the receiver says so
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "no heartbeat from the sender" not in \
+            lk.receiver.output():
+        time.sleep(0.2)
+    assert "no heartbeat from the sender" in lk.receiver.output()
+    assert lk.receiver.metric("link_silent", "kafka_writer") == 1
 
 
 def delivered(lk, total, partitions, timeout=60):
