@@ -459,11 +459,25 @@ def run_diode(args, res, work, src, size_name, topic, count, rate_mbps, tag) -> 
         log(f"diode {size_name}: {end['ended']}, exit {code}; last lines of {logfile}:")
         for line in Path(logfile).read_text(errors="replace").splitlines()[-15:]:
             log("  " + line)
-    per_process = end["cpu"]["per_process"]
     metrics = metrics_summary(run_dir)
     return {
-        "system": "diode" if not rate_mbps else f"diode@{rate_mbps:g}Mb/s",
+        **run_result("diode" if not rate_mbps else f"diode@{rate_mbps:g}Mb/s", counter, count,
+                     started, finished, end, code),
         "rate_mbps": rate_mbps,
+        "kernel_udp_rcvbuf_drops": drops1 - drops0 if drops0 >= 0 <= drops1 else None,
+        "udp_socket_drops": end["udp_socket_drops"],
+        "metrics": metrics,
+        "rewinds": sum(m.get("rewinds", 0) for m in metrics.values()),
+        "datagrams_sent": metrics.get("sender-udp_sender-0", {}).get("datagrams", 0),
+        "datagrams_received": metrics.get("receiver-udp_reader-0", {}).get("datagrams", 0),
+    }
+
+
+def run_result(system, counter, count, started, finished, end, code) -> dict:
+    """What every measured run reports, diode or baseline."""
+    per_process = end["cpu"]["per_process"]
+    return {
+        "system": system,
         "expected": count,
         "received": counter.distinct,
         "duplicates": counter.total - counter.distinct,
@@ -476,12 +490,6 @@ def run_diode(args, res, work, src, size_name, topic, count, rate_mbps, tag) -> 
         "cpu_per_process": per_process,
         "broker_cpu_seconds": end["cpu"]["brokers"],
         "counter_cpu_seconds": end["cpu"]["counter"],
-        "kernel_udp_rcvbuf_drops": drops1 - drops0 if drops0 >= 0 <= drops1 else None,
-        "udp_socket_drops": end["udp_socket_drops"],
-        "metrics": metrics,
-        "rewinds": sum(m.get("rewinds", 0) for m in metrics.values()),
-        "datagrams_sent": metrics.get("sender-udp_sender-0", {}).get("datagrams", 0),
-        "datagrams_received": metrics.get("receiver-udp_reader-0", {}).get("datagrams", 0),
         "ended": end["ended"],
         "exit_code": code,
     }
@@ -517,24 +525,7 @@ def run_baseline(args, res, work, src, size_name, topic, count, tag) -> dict:
     if end["ended"] != "complete":
         log(f"baseline {size_name}: {end['ended']}; log: "
             + Path(logfile).read_text(errors="replace")[-2000:])
-    per_process = end["cpu"]["per_process"]
-    return {
-        "system": "baseline",
-        "expected": count,
-        "received": counter.distinct,
-        "duplicates": counter.total - counter.distinct,
-        "missing": count - counter.distinct,
-        "seconds": finished - started,
-        "seconds_first_to_last": (counter.last_at - counter.first_at)
-        if counter.first_at else None,
-        "value_bytes": counter.value_bytes,
-        "cpu_seconds": sum(per_process.values()),
-        "cpu_per_process": per_process,
-        "broker_cpu_seconds": end["cpu"]["brokers"],
-        "counter_cpu_seconds": end["cpu"]["counter"],
-        "ended": end["ended"],
-        "exit_code": code,
-    }
+    return run_result("baseline", counter, count, started, finished, end, code)
 
 
 def relay_main(argv) -> int:
