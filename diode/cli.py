@@ -164,6 +164,11 @@ def main(argv=None) -> int:
 
     from diode import linksim
     linksim.add_parser(sub)
+    try:
+        from diode.spark import verify
+        verify.add_parser(sub)
+    except ImportError:  # pyspark is the `spark` extra
+        pass
 
     args = parser.parse_args(argv)
     configure_logging(logging.DEBUG if args.verbose else logging.INFO)

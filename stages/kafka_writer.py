@@ -148,7 +148,9 @@ class Stage(BaseStage):
             self._produce_event(self.t.receiver.heartbeat_topic, beat["session"], {
                 "senderTime": beat.get("time_ms"), "receivedAt": int(time.time() * 1000),
                 "reader": beat.get("reader"), "session": beat["session"],
-                "partitions": len(beat["partitions"]), "counters": beat.get("counters", {})})
+                "partitions": len(beat["partitions"]), "counters": beat.get("counters", {}),
+                "lastSent": [{"topic": t, "partition": p, "offset": last}
+                             for t, p, _, last in beat["partitions"]]})
 
     def _produce_event(self, topic: str, key: str, event: dict) -> None:
         while True:

@@ -1,0 +1,14 @@
+import os
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One SparkSession for the whole Spark part of the suite (local[2]: this machine)."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from diode.spark.verify import session
+    s = session("local[2]", "diode tests")
+    yield s
+    s.stop()
