@@ -77,6 +77,29 @@ def cmd_launch(args) -> int:
     return Supervisor(t, sides, args.run_dir).run()
 
 
+def cmd_resend(args) -> int:
+    """Send exactly the manifest's ranges again through the sender pipeline, then exit."""
+    import dataclasses
+    import json
+    from diode.supervisor import Supervisor
+    t = topo.load(args.topology)
+    try:
+        manifest = json.loads(open(args.manifest).read())
+        ranges = {}
+        for entry in manifest["missing"]:
+            key = (str(entry["topic"]), int(entry["partition"]))
+            ranges.setdefault(key, []).extend([int(a), int(b)] for a, b in entry["ranges"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DiodeError(f"{args.manifest} is not a resend manifest: {exc}") from None
+    if not ranges:
+        print("nothing to resend", file=sys.stderr)
+        return 0
+    # its own processes and run directory beside a running sender; its brokers already run
+    t = dataclasses.replace(t, sender=dataclasses.replace(t.sender, resend=ranges), brokers=[],
+                            supervisor=dataclasses.replace(t.supervisor, run_dir=""))
+    return Supervisor(t, ("sender",), args.run_dir).run()
+
+
 def cmd_docs(args) -> int:
     print(topo.reference_markdown(), end="")
     return 0
@@ -142,6 +165,13 @@ def main(argv=None) -> int:
     p.add_argument("--side", choices=("sender", "receiver", "both"), default="both")
     p.add_argument("--run-dir", help="directory for ipc endpoints and metrics")
     p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser("resend", help="on the high side: send a resend manifest's missing "
+                       "ranges again (from diode verify or the missing-records topic)")
+    p.add_argument("manifest")
+    p.add_argument("--topology", required=True)
+    p.add_argument("--run-dir", help="directory for ipc endpoints and metrics")
+    p.set_defaults(func=cmd_resend)
 
     p = sub.add_parser("docs", help="print the topology reference (docs/topology.md)")
     p.set_defaults(func=cmd_docs)

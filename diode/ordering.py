@@ -24,7 +24,7 @@ import heapq
 from collections import deque
 from typing import NamedTuple
 
-from diode.records import Record
+from diode.records import RESEND, Record
 
 
 class Missing(NamedTuple):
@@ -64,6 +64,15 @@ class PartitionState:
 
     def offer(self, r: Record, now: float) -> Update:
         u = Update([], [], [])
+        if r.prev_offset == RESEND:
+            # An operator's resend (`diode resend`): these records were found missing. One in a
+            # reported gap fills it; any other is written as well, since this state may not
+            # know the gap (a restarted receiver, a gap found by `diode verify`). It never moves
+            # the frontier: the chain decides that.
+            u.writes.append(r)
+            if self.frontier is not None and r.offset <= self.frontier and self._fill(r.offset):
+                u.filled.append(r.offset)
+            return u
         if self.frontier is None and r.prev_offset < 0:
             self.frontier = r.offset - 1  # a chain starts here: nothing expected before it
         if self.frontier is not None and r.offset <= self.frontier:

@@ -5,6 +5,8 @@ import zlib
 
 # confluent_kafka's TIMESTAMP_NOT_AVAILABLE, TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME
 TIMESTAMP_NOT_AVAILABLE = 0
+# prev_offset of a record sent again by `diode resend` (outside any chain)
+RESEND = -2
 
 
 class Record(NamedTuple):
@@ -18,8 +20,9 @@ class Record(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: tuple  # ((name: str, value: bytes | None), ...)
-    # The offset of the record the sender sent before this one from the same partition, or -1
-    # for the first record of a chain (diode.ordering explains how gaps are found from it).
+    # The offset of the record the sender sent before this one from the same partition, -1
+    # for the first record of a chain (diode.ordering explains how gaps are found from it), or
+    # RESEND.
     prev_offset: int = -1
 
 

@@ -10,6 +10,7 @@ Worker states and their edges (every transition goes through `Worker.to`):
     BACKOFF  -> RUNNING   its backoff delay passed; forked again
     RUNNING  -> STOPPING  drain: SIGTERM sent
     BACKOFF  -> STOPPED   drain: a worker waiting for its restart is simply not restarted
+    RUNNING  -> STOPPED   `diode resend`: a reader that sent every range exits 0; done
     STOPPING -> STOPPED   it exited (or was killed after drain.timeout.seconds)
 """
 
@@ -154,6 +155,11 @@ class Supervisor:
                     return 1
                 if w.state is State.BACKOFF and now >= w.restart_at:
                     self._spawn(w)  # BACKOFF -> RUNNING
+            if self.t.sender.resend is not None and all(
+                    w.state is State.STOPPED for w in self.workers
+                    if w.spec.stage == "kafka_reader"):
+                log.info("resend finished: draining")
+                return 0
             for b in self.brokers:
                 if not b.alive():
                     log.error("embedded broker %s exited; its records are gone (memory "
@@ -188,6 +194,9 @@ class Supervisor:
     def _exited(self, w: Worker, code: int) -> None:
         if w.state is State.STOPPING:
             w.to(State.STOPPED, f"exit {code}")
+            return
+        if code == 0 and self.t.sender.resend is not None and w.spec.stage == "kafka_reader":
+            w.to(State.STOPPED, "resend finished")  # RUNNING -> STOPPED: its work is done
             return
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         now = time.monotonic()

@@ -180,6 +180,8 @@ class SenderSettings:
         1000.0, "How often each reader sends a heartbeat: per partition, where its chain of "
         "offsets started and the last offset sent, plus its counters. The receiver finds tail "
         "loss and a silent link from them.", positive)
+    # Not a setting: the ranges `diode resend` sends again, {(topic, partition): [[a, b], ...]}.
+    resend: dict | None = None
     stages: dict = setting({}, "Processes per stage type: kafka_reader, packer, udp_sender "
                            "(exactly 1). Each maps to instances and cpus.",
                            example={"packer": {"instances": 2, "cpus": [1]}})

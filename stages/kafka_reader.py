@@ -13,16 +13,18 @@ again: at least once.
 
 import os
 import time
+from collections import deque
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 
 from diode import transport
 from diode.kafka import TopicSelector, consumer_config, partition_counts
 from diode.offsets import SentTracker
-from diode.records import from_kafka_message
+from diode.records import RESEND, from_kafka_message, partition_owner
 from diode.worker import Stage as BaseStage
 
 BATCH_RECORDS = 1000
+RESEND_SEEK_GAP = 10000  # offsets between two resend ranges worth a seek rather than a read
 
 
 class Stage(BaseStage):
@@ -31,7 +33,8 @@ class Stage(BaseStage):
         self.selector = TopicSelector(
             s.topics, s.topics_regex, exclude=[s.dead_letter_topic] if s.dead_letter_topic else [],
             index=self.ctx.spec.index, readers=self.ctx.instances("kafka_reader"))
-        self.consumer = Consumer({**consumer_config(self.t), "on_commit": self._committed})
+        self.consumer = Consumer({**consumer_config(self.t), "on_commit": self._committed,
+                                  "enable.partition.eof": s.resend is not None})
         self.acks = transport.pull(self.ctx.zmq, self.ctx.endpoint("kafka_reader",
                                    self.ctx.spec.index, "acks"), self.ctx.hwm * 16)
         self.out = transport.Outbox(transport.push(
@@ -44,6 +47,12 @@ class Stage(BaseStage):
         self.chain_start: dict = {}
         self.last_read: dict = {}
         self.next_heartbeat = 0.0
+        # `diode resend`: exactly these ranges of this reader's partitions, no commits
+        self.resend = None
+        self.resend_pos: dict = {}  # (topic, partition) -> last offset looked at
+        if s.resend is not None:
+            self.resend = {tp: deque(sorted(ranges)) for tp, ranges in s.resend.items()
+                           if self.selector.index == partition_owner(*tp, self.selector.readers)}
         self.counts: dict = {}            # topic -> partition count
         self.epoch = int.from_bytes(os.urandom(3), "big") << 32
         self.seq = 0
@@ -55,6 +64,8 @@ class Stage(BaseStage):
     # -- partitions --------------------------------------------------------------------------
 
     def _refresh(self):
+        if self.resend is not None:
+            return self._assign_resend()
         try:
             self.counts = partition_counts(self.consumer)
             new = sorted(self.selector.owned(self.counts) - self.assigned.keys())
@@ -78,6 +89,44 @@ class Stage(BaseStage):
         self.log.info("reading %d new partition(s): %s", len(tps),
                       ", ".join(f"{t.topic}[{t.partition}]@{_where(t.offset)}" for t in tps))
         self.metrics.set("partitions", len(self.assigned))
+
+    def _assign_resend(self):
+        """Assign each partition of the manifest at the start of its first range (once)."""
+        tps = [TopicPartition(t, p, ranges[0][0]) for (t, p), ranges in self.resend.items()
+               if (t, p) not in self.assigned and ranges]
+        if not tps:
+            return
+        for tp in tps:
+            self.assigned[(tp.topic, tp.partition)] = tp.offset
+        self.consumer.assign(tps)
+        self.log.info("resending %d range(s) of %d partition(s)",
+                      sum(map(len, self.resend.values())), len(tps))
+
+    def _resend_filter(self, m) -> bool:
+        """Whether a record read in resend mode is in a range of its partition. Records come in
+        offset order; far gaps between ranges are skipped with a seek, and what a seek delivers
+        twice (messages fetched before it) is recognised by offset."""
+        tp, offset = (m.topic(), m.partition()), m.offset()
+        if offset <= self.resend_pos.get(tp, -1):
+            return False
+        self.resend_pos[tp] = offset
+        ranges = self.resend.get(tp)
+        while ranges and offset > ranges[0][1]:
+            ranges.popleft()
+        if not ranges:
+            self._resend_done(tp)
+            return False
+        if offset < ranges[0][0]:
+            if ranges[0][0] - offset > RESEND_SEEK_GAP:
+                self.consumer.seek(TopicPartition(tp[0], tp[1], ranges[0][0]))
+            return False
+        return True
+
+    def _resend_done(self, tp) -> None:
+        if self.resend.get(tp) is not None and tp in self.assigned:
+            self.resend[tp] = deque()
+            self.consumer.incremental_unassign([TopicPartition(*tp)])
+            del self.assigned[tp]
 
     def rewind(self):
         """Read again everything after the committed positions."""
@@ -113,6 +162,12 @@ class Stage(BaseStage):
         else:
             self.acks.poll(20)
         self._check_stalled(now)
+        if self.resend is not None:  # no chain, no commit: done when every range is sent
+            if not any(self.resend.values()) and not self.tracker.inflight and \
+                    not len(self.out):
+                self.log.info("resend complete")
+                return False
+            return True
         if now >= self.next_heartbeat:
             self._heartbeat()
             self.next_heartbeat = now + self.t.sender.heartbeat_interval_ms / 1000
@@ -126,12 +181,22 @@ class Stage(BaseStage):
         records = []
         for m in msgs:
             err = m.error()
-            if err is None:
+            if err is None and self.resend is not None:
+                if self._resend_filter(m):
+                    records.append(from_kafka_message(m, RESEND))
+            elif err is None:
                 tp = (m.topic(), m.partition())
                 records.append(from_kafka_message(m, self.last_read.get(tp, -1)))
                 self.last_read[tp] = m.offset()
                 self.chain_start.setdefault(tp, m.offset())
-            elif err.code() != KafkaError._PARTITION_EOF:
+            elif err.code() == KafkaError._PARTITION_EOF:
+                tp = (m.topic(), m.partition())
+                ranges = (self.resend or {}).get(tp)
+                # The log ends before the range we wait for: nothing more will come. (An end
+                # of partition seen by a fetch from before a seek is no reason to stop.)
+                if ranges and m.offset() <= ranges[0][0]:
+                    self._resend_done(tp)
+            else:
                 self.log.warning("source cluster: %s", err)
                 self.metrics.inc("errors", reason="consume")
         if not records:
@@ -181,6 +246,8 @@ class Stage(BaseStage):
             self.rewind()
 
     def _commit(self, sync=False):
+        if self.resend is not None:
+            return  # a resend leaves the consumer group's offsets alone
         changed = self.tracker.take_changed()
         if not changed:
             return

@@ -152,3 +152,15 @@ def test_exact_accounting_over_a_lossy_reordering_duplicating_link(n, seed, loss
     assert reported == absent
     # ranges only span offsets between the chain's records, never beyond what was sent
     assert all(m.last <= offsets[-1] for m in missing)
+
+
+def test_resent_records_fill_reported_gaps_and_are_written_even_when_unknown():
+    from diode.records import RESEND
+    s = PartitionState(wait=1.0)
+    recs = chain(range(10))
+    feed(s, recs[:3] + recs[5:])
+    assert s.expire(1.0).missing == [Missing(3, 4, "gap")]
+    resent = [r._replace(prev_offset=RESEND) for r in (recs[3], recs[4], recs[8])]
+    writes, missing, filled = feed(s, resent, t=5.0)
+    assert [r.offset for r in writes] == [3, 4, 8]  # 8 was not known missing: written anyway
+    assert filled == [3, 4] and s.gaps == [] and s.frontier == 9
