@@ -81,6 +81,19 @@ def missing_offsets(dst, expected_events=0, timeout=5.0):
     return missing, events
 
 
+def settle(lk, sent, timeout=60.0):
+    """Wait until every sent record has either arrived or been reported missing.
+    Returns (arrived, reported missing, missing-topic events)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        time.sleep(2)
+        arrived = set(source_coordinates(consume(lk.dst.bootstrap, "dst_src", 1, timeout=5,
+                                                 idle=0.5)))
+        reported, events = missing_offsets(lk.dst.bootstrap, timeout=3)
+        if arrived | reported >= sent or time.monotonic() > deadline:
+            return arrived, reported, events
+
+
 def test_missing_ranges_are_exactly_the_records_lost_on_the_link(link):
     """5 % uniform loss, no FEC: what is reported missing is exactly what is absent, tail
     included, once a heartbeat interval (plus the reorder wait) has passed."""
@@ -91,14 +104,7 @@ def test_missing_ranges_are_exactly_the_records_lost_on_the_link(link):
     produce(lk.src.bootstrap, "src", [{"value": b"%05d" % i + b"." * 40, "partition": i % 3}
                                       for i in range(total)])
     sent = {("src", p, o) for p in range(3) for o in range(total // 3)}
-    deadline = time.monotonic() + 60
-    while True:
-        time.sleep(2)
-        arrived = set(source_coordinates(consume(lk.dst.bootstrap, "dst_src", 1, timeout=5,
-                                                 idle=0.5)))
-        reported, events = missing_offsets(lk.dst.bootstrap, timeout=3)
-        if arrived | reported >= sent or time.monotonic() > deadline:
-            break
+    arrived, reported, events = settle(lk, sent)
     dropped = lk.sim.faults.counts.dropped
     assert dropped > 0, "the simulator dropped nothing: the test proves nothing"
     absent = sent - arrived
@@ -248,14 +254,7 @@ def test_diode_resend_fills_the_reported_gaps_end_to_end(link, tmp_path):
     produce(lk.src.bootstrap, "src", [{"value": b"%05d" % i, "partition": i % 2}
                                       for i in range(total)])
     sent = {("src", p, o) for p in range(2) for o in range(total // 2)}
-    deadline = time.monotonic() + 60
-    while True:
-        time.sleep(2)
-        arrived = set(source_coordinates(consume(lk.dst.bootstrap, "dst_src", 1, timeout=5,
-                                                 idle=0.5)))
-        reported, _ = missing_offsets(lk.dst.bootstrap, timeout=3)
-        if arrived | reported >= sent or time.monotonic() > deadline:
-            break
+    arrived, reported, _ = settle(lk, sent)
     assert reported and reported == sent - arrived
     lk.sim.faults = Faults(FaultSettings())  # the operator resends over a good day's link
     manifest = {"version": 1, "missing": []}
