@@ -61,23 +61,14 @@ def extract_heartbeats(spark: SparkSession, bootstrap: str, topic: str,
 
 # -- transform -----------------------------------------------------------------------------------
 
-def with_provenance(rows: DataFrame) -> DataFrame:
-    h = F.map_from_entries("headers")
-    return rows.select(
-        "topic", "partition", "offset",
-        h["sourceTopic"].cast("string").alias("sourceTopic"),
-        h["sourcePartition"].cast("string").cast("int").alias("sourcePartition"),
-        h["sourceOffset"].cast("string").cast("long").alias("sourceOffset"),
-    ).where(F.col("sourceOffset").isNotNull())
-
-
 def audit(rows: DataFrame, heartbeats: DataFrame | None = None) -> DataFrame:
     """Per source partition: records, distinct offsets, duplicates, first and last offsets,
     missing ranges (holes between the first offset seen and the last one seen or announced by
     heartbeats), and out-of-order arrivals (a record written after a later one of its
     partition). Offsets of compacted topics are not contiguous: there a hole may be a record
     that never existed; `compare` against the source cluster settles it."""
-    p = with_provenance(rows)
+    p = with_provenance_rows(rows).select("topic", "partition", "offset", "sourceTopic",
+                                          "sourcePartition", "sourceOffset")
     key = ["sourceTopic", "sourcePartition"]
     arrival = Window.partitionBy("topic", "partition", *key).orderBy("offset")
     late = p.withColumn("prevMax", F.max("sourceOffset").over(
@@ -112,6 +103,51 @@ def audit(rows: DataFrame, heartbeats: DataFrame | None = None) -> DataFrame:
             .select(*key, "records", "distinct", "duplicates", "first", "last", "missing",
                     "missingRanges", "outOfOrder")
             .orderBy(*key))
+
+
+def compare(source: DataFrame, destination: DataFrame) -> DataFrame:
+    """Record by record, against the source cluster (soak tests, pre-production): per source
+    partition, records lost (in the source, not in the destination), duplicated (written more
+    than once) and altered (key, value or headers differ). Provenance headers are left out of
+    the comparison; the destination keeps the source's own headers first, in order."""
+    key = ["sourceTopic", "sourcePartition", "sourceOffset"]
+    provenance = F.array(*[F.lit(h) for h in ("sourceTopic", "sourcePartition",
+                                                "sourceOffset")])
+    own = F.filter("headers", lambda h: ~F.array_contains(provenance, h["key"]))
+    dst = with_provenance_rows(destination).select(
+        *key, F.col("key").alias("dKey"), F.col("value").alias("dValue"),
+        own.alias("dHeaders"))
+    src = source.select(F.col("topic").alias("sourceTopic"),
+                        F.col("partition").alias("sourcePartition"),
+                        F.col("offset").alias("sourceOffset"),
+                        F.col("key").alias("sKey"), F.col("value").alias("sValue"),
+                        F.col("headers").alias("sHeaders"))
+    copies = dst.groupBy(*key).agg(F.count("*").alias("copies"),
+                                   F.first("dKey").alias("dKey"),
+                                   F.first("dValue").alias("dValue"),
+                                   F.first("dHeaders").alias("dHeaders"))
+    joined = src.join(copies, key, "left")
+    altered = ~(F.col("sKey").eqNullSafe(F.col("dKey"))
+                & F.col("sValue").eqNullSafe(F.col("dValue"))
+                & (F.to_json("sHeaders") == F.to_json("dHeaders")))
+    return (joined.groupBy("sourceTopic", "sourcePartition").agg(
+        F.count("*").alias("sourceRecords"),
+        F.sum(F.when(F.col("copies").isNull(), 1).otherwise(0)).alias("lost"),
+        F.sum(F.when(F.col("copies") > 1, F.col("copies") - 1).otherwise(0))
+        .alias("duplicated"),
+        F.sum(F.when(F.col("copies").isNotNull() & altered, 1).otherwise(0)).alias("altered"))
+        .orderBy("sourceTopic", "sourcePartition"))
+
+
+def with_provenance_rows(rows: DataFrame) -> DataFrame:
+    """Destination rows with their provenance as columns (and their own columns kept)."""
+    h = F.map_from_entries("headers")
+    return rows.select(
+        "*",
+        h["sourceTopic"].cast("string").alias("sourceTopic"),
+        h["sourcePartition"].cast("string").cast("int").alias("sourcePartition"),
+        h["sourceOffset"].cast("string").cast("long").alias("sourceOffset"),
+    ).where(F.col("sourceOffset").isNotNull())
 
 
 # -- load ----------------------------------------------------------------------------------------
@@ -149,7 +185,7 @@ def manifest(rep: dict) -> dict:
 
 
 def main(args) -> int:
-    """`diode verify`: exit 0 when nothing is missing, 1 when something is."""
+    """`diode verify`: exit 0 when nothing is missing (or lost or altered), 1 otherwise."""
     spark = session(args.master)
     try:
         pattern = args.pattern or (__import__("re").escape(args.prefix) + ".*")
@@ -157,6 +193,14 @@ def main(args) -> int:
         beats = extract_heartbeats(spark, args.bootstrap, args.heartbeat_topic, args.format) \
             if args.heartbeat_topic else None
         rep = report(audit(rows, beats))
+        if args.source_bootstrap:
+            topics = sorted({r["sourceTopic"] for r in rep["partitions"]})
+            source = extract(spark, args.source_bootstrap,
+                             "|".join(__import__("re").escape(t) for t in topics) or "(?!)",
+                             args.format)
+            rep["comparison"] = [r.asDict() for r in compare(source, rows).collect()]
+            rep["totals"].update({k: sum(r[k] for r in rep["comparison"])
+                                  for k in ("lost", "duplicated", "altered")})
     finally:
         spark.stop()
     print(table(rep))
@@ -166,7 +210,12 @@ def main(args) -> int:
     if args.manifest:
         with open(args.manifest, "w") as f:
             json.dump(manifest(rep), f, indent=1)
-    return 1 if rep["totals"]["missing"] else 0
+    if "comparison" in rep:
+        t = rep["totals"]
+        print(f"against the source: {t['lost']} lost, {t['duplicated']} duplicated, "
+              f"{t['altered']} altered")
+    t = rep["totals"]
+    return 1 if t["missing"] or t.get("lost") or t.get("altered") else 0
 
 
 def add_parser(sub) -> None:
@@ -176,6 +225,8 @@ def add_parser(sub) -> None:
     p.add_argument("--prefix", default="", help="destination topic prefix (receiver.topic.prefix)")
     p.add_argument("--pattern", help="destination topics by regular expression instead")
     p.add_argument("--heartbeat-topic", help="receiver.heartbeat.topic, for the missing tail")
+    p.add_argument("--source-bootstrap", help="the source cluster too: compare record by record "
+                   "(lost, duplicated, altered); soak tests and pre-production")
     p.add_argument("--json", help="write the report as JSON")
     p.add_argument("--manifest", help="write the resend manifest (missing ranges)")
     p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")

@@ -82,15 +82,46 @@ def test_audit_names_exactly_the_planted_gaps_duplicates_and_reordering(spark, b
 
 def test_verify_command_prints_the_table_and_exits_1_when_records_are_missing(brokers,
                                                                             tmp_path):
-    _, dst = brokers
+    src, dst = brokers
     plant(dst.bootstrap)
+    create_topic(src.bootstrap, "b", 1)  # the source of dst_b, for the comparison
+    produce(src.bootstrap, "b", [{"value": b"b"} for _ in range(105)])
     out = tmp_path / "report.json"
     r = subprocess.run([sys.executable, "-m", "diode", "verify", "--bootstrap", dst.bootstrap,
                         "--prefix", "dst_", "--heartbeat-topic", "beats", "--json", str(out),
                         "--manifest", str(tmp_path / "manifest.json"), "--master", "local[2]",
+                        "--source-bootstrap", src.bootstrap,
                         "--format", "python"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "a[0]" in r.stdout and "3..4, 15..15, 20..22" in r.stdout
+    # b[0] holds offsets 0..104 at the source; the destination has only 100..104
+    assert "against the source: 100 lost, 0 duplicated, 0 altered" in r.stdout
     assert json.loads(out.read_text())["totals"]["missing"] == 6
     assert json.loads((tmp_path / "manifest.json").read_text())["missing"][0]["ranges"] == [
         [3, 4], [15, 15], [20, 22]]
+
+
+def test_compare_with_the_source_names_lost_duplicated_and_altered_records(spark, brokers):
+    from diode.spark.verify import compare
+    src, dst = brokers
+    create_topic(src.bootstrap, "s", 1)
+    produce(src.bootstrap, "s", [{"value": b"v%d" % o, "key": b"k", "headers": [("h", b"1")]}
+                                 for o in range(10)])
+    create_topic(dst.bootstrap, "dst_s", 1)
+    written = []
+    for o in range(10):
+        if o == 4:
+            continue  # lost
+        value = b"changed" if o == 6 else b"v%d" % o  # altered
+        copies = 2 if o == 8 else 1  # duplicated
+        written += [{"value": value, "key": b"k",
+                     "headers": [("h", b"1")] + provenance("s", 0, o)}] * copies
+    produce(dst.bootstrap, "dst_s", written)
+    fmt = choose_format(spark, "python")
+
+    def read(bootstrap, topic):
+        return (spark.read.format(fmt).option("kafka.bootstrap.servers", bootstrap)
+                .option("subscribe", topic).load())
+    (row,) = compare(read(src.bootstrap, "s"), read(dst.bootstrap, "dst_s")).collect()
+    assert row.asDict() == {"sourceTopic": "s", "sourcePartition": 0, "sourceRecords": 10,
+                            "lost": 1, "duplicated": 1, "altered": 1}
