@@ -54,6 +54,9 @@ class PartitionState:
         self.frontier = frontier
         self.anchor: int | None = None     # where the sender's chain started (heartbeats)
         self.gaps: list = []               # sorted [first, last] reported missing
+        # Offsets below where this receiver joined a running chain: not known written, not
+        # reported missing (the first records of a chain may simply arrive late).
+        self.unknown: list = []
         self.pending: dict = {}            # offset -> record waiting for its predecessor
         self._heap: list = []              # offsets in pending
         self._arrivals: deque = deque()    # (time, offset) in arrival order
@@ -70,17 +73,19 @@ class PartitionState:
             # know the gap (a restarted receiver, a gap found by `diode verify`). It never moves
             # the frontier: the chain decides that.
             u.writes.append(r)
-            if self.frontier is not None and r.offset <= self.frontier and self._fill(r.offset):
+            if self.frontier is not None and r.offset <= self.frontier and \
+                    self._fill(r.offset) == "gap":
                 u.filled.append(r.offset)
             return u
         if self.frontier is None and r.prev_offset < 0:
             self.frontier = r.offset - 1  # a chain starts here: nothing expected before it
+        if not self.pending and self.frontier is not None and \
+                r.offset > self.frontier >= _key(r):
+            u.writes.append(r)  # the common case: the next record of the chain, in order
+            self.frontier = r.offset
+            return u
         if self.frontier is not None and r.offset <= self.frontier:
-            if self._fill(r.offset):
-                u.writes.append(r)
-                u.filled.append(r.offset)
-            else:
-                self.duplicates += 1
+            self._late(r, u)
             return u
         if r.offset in self.pending:
             self.duplicates += 1
@@ -137,11 +142,7 @@ class PartitionState:
             if offset <= self.frontier:  # resolved meanwhile (a gap report ran past it)
                 heapq.heappop(self._heap)
                 del self.pending[offset]
-                if self._fill(offset):
-                    u.writes.append(r)
-                    u.filled.append(offset)
-                else:
-                    self.duplicates += 1
+                self._late(r, u)
             elif _key(r) <= self.frontier:
                 heapq.heappop(self._heap)
                 del self.pending[offset]
@@ -157,7 +158,10 @@ class PartitionState:
         if self.frontier is None:
             self._anchor()
         if self.frontier is None:
-            self.frontier = need  # joined a running chain: nothing known before it
+            # Joined a running chain (or its start is late): nothing is reported before it,
+            # and what comes from there later is written, not taken for a duplicate.
+            self.frontier = need
+            self.unknown = [[0, need]] if need >= 0 else []
         elif need > self.frontier:
             self._report(Missing(self.frontier + 1, need, "gap"), u)
             self.frontier = need
@@ -173,12 +177,24 @@ class PartitionState:
         if len(self.gaps) > self.max_gaps:
             del self.gaps[0]
 
-    def _fill(self, offset: int) -> bool:
-        """Take `offset` out of the reported gaps; True if it was in one."""
-        i = bisect.bisect_right(self.gaps, [offset, float("inf")]) - 1
-        if i < 0 or not self.gaps[i][0] <= offset <= self.gaps[i][1]:
-            return False
-        first, last = self.gaps[i]
-        pieces = [p for p in ([first, offset - 1], [offset + 1, last]) if p[0] <= p[1]]
-        self.gaps[i:i + 1] = pieces
-        return True
+    def _late(self, r: Record, u: Update) -> None:
+        """A record at or below the frontier: fills a gap, or is a duplicate."""
+        kind = self._fill(r.offset)
+        if kind is None:
+            self.duplicates += 1
+            return
+        u.writes.append(r)
+        if kind == "gap":
+            u.filled.append(r.offset)
+
+    def _fill(self, offset: int) -> str | None:
+        """Take `offset` out of the reported gaps ("gap") or the unknown range ("unknown");
+        None if it was in neither (a duplicate)."""
+        for kind, ranges in (("gap", self.gaps), ("unknown", self.unknown)):
+            i = bisect.bisect_right(ranges, [offset, float("inf")]) - 1
+            if i >= 0 and ranges[i][0] <= offset <= ranges[i][1]:
+                first, last = ranges[i]
+                ranges[i:i + 1] = [p for p in ([first, offset - 1], [offset + 1, last])
+                                   if p[0] <= p[1]]
+                return kind
+        return None

@@ -164,3 +164,16 @@ def test_resent_records_fill_reported_gaps_and_are_written_even_when_unknown():
     writes, missing, filled = feed(s, resent, t=5.0)
     assert [r.offset for r in writes] == [3, 4, 8]  # 8 was not known missing: written anyway
     assert filled == [3, 4] and s.gaps == [] and s.frontier == 9
+
+
+def test_a_chain_start_arriving_after_the_wait_is_written_not_taken_for_duplicates():
+    """Two packers: the datagram with the chain's first records comes last and late, before
+    any heartbeat: its records are still written, once, and nothing is reported missing."""
+    s = PartitionState(wait=1.0)
+    recs = chain(range(20))
+    w1, m1, _ = feed(s, recs[10:], t=0.0)
+    u = s.expire(1.0)  # nothing tells where the chain began: join at 10
+    assert [r.offset for r in u.writes] == list(range(10, 20)) and u.missing == []
+    w2, m2, filled = feed(s, recs[:10] + recs[:3], t=2.0)
+    assert [r.offset for r in w2] == list(range(10)) and filled == [] and m2 == []
+    assert s.duplicates == 3
