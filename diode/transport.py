@@ -11,6 +11,8 @@ from collections import deque
 
 import zmq
 
+from diode.records import Record
+
 
 def pull(ctx: zmq.Context, endpoint: str, hwm: int) -> zmq.Socket:
     s = ctx.socket(zmq.PULL)
@@ -37,6 +39,17 @@ def dumps(obj) -> bytes:
 
 
 loads = pickle.loads
+
+
+def plain(records) -> list:
+    """Records as plain tuples for a queue: pickling a NamedTuple costs a Python call per
+    record each way, a tuple none (a quarter of a writer's CPU, measured with py-spy)."""
+    return [tuple(r) for r in records]
+
+
+def records_of(rows) -> list:
+    """The inverse of plain()."""
+    return list(map(Record._make, rows))
 
 
 def drain(sock: zmq.Socket, limit: int = 1 << 30):

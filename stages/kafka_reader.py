@@ -205,7 +205,8 @@ class Stage(BaseStage):
         msg_id = self.epoch | self.seq
         counts = {r.topic: self.counts.get(r.topic, r.partition + 1) for r in records}
         self.tracker.dispatched(msg_id, records)
-        self.out.put([transport.dumps(("records", self.ctx.spec.index, msg_id, records,
+        self.out.put([transport.dumps(("records", self.ctx.spec.index, msg_id,
+                                       transport.plain(records),
                                        counts))])
         self.metrics.inc("records", len(records))
         if self.waiting_since is None:

@@ -75,7 +75,8 @@ class Stage(BaseStage):
             return True
         now = time.monotonic()
         for (frame,) in transport.drain(self.input, 16):
-            records, counts, claims, beats = transport.loads(frame)
+            rows, counts, claims, beats = transport.loads(frame)
+            records = transport.records_of(rows)
             self.source_partitions.update(counts)
             for t, p, chain_start, last_sent in claims:
                 self._state(t, p).heartbeat(chain_start, last_sent, now)

@@ -68,9 +68,9 @@ class Stage(BaseStage):
             if message[0] == "heartbeat":
                 self._heartbeat(message[1])
                 continue
-            _, reader, msg_id, records, counts = message
+            _, reader, msg_id, rows, counts = message
             self.counts.update(counts)
-            for r in records:
+            for r in transport.records_of(rows):
                 self._emit(*self.builder.add(r, (reader, msg_id)))
             if self.first_pending is None and self.builder.pending:
                 self.first_pending = now

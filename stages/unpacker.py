@@ -54,7 +54,7 @@ class Stage(BaseStage):
                 self.unpack(datagram, msgs)
         for out, msg in zip(self.outs, msgs):
             if msg[0] or msg[2] or msg[3]:
-                out.put([transport.dumps(msg)])
+                out.put([transport.dumps((transport.plain(msg[0]), *msg[1:]))])
         return True
 
     def unpack(self, datagram, msgs) -> None:

@@ -86,7 +86,8 @@ def test_unpacker_forwards_valid_records_and_counts_every_reject(zctx):
     got = []
     for w in writers:
         for (frame,) in transport.drain(w):
-            recs, counts, claims, beats = transport.loads(frame)
+            rows, counts, claims, beats = transport.loads(frame)
+            recs = transport.records_of(rows)
             got += recs
             assert counts == {r.topic: 1 for r in recs} and not claims and not beats
     assert sorted(got) == sorted(records(20) + records(5, topic="u", partition=3))
@@ -107,7 +108,7 @@ def test_unpacker_sends_each_partition_to_its_owning_writer(zctx):
     owners = {}
     for i, w in enumerate(writers):
         for (frame,) in transport.drain(w):
-            for r in transport.loads(frame)[0]:
+            for r in transport.records_of(transport.loads(frame)[0]):
                 owners.setdefault(r.partition, set()).add(i)
     assert sorted(owners) == list(range(6))
     assert all(len(v) == 1 for v in owners.values())
