@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 import zmq
 
-from diode import crypto, transport, wire
+from diode import codec, crypto, transport, wire
 from diode.metrics import Metrics
 from diode.records import Record
 from diode.topology import WorkerSpec, from_dict
@@ -60,8 +60,15 @@ def records(n, topic="t", partition=0):
 
 def valid_datagram(recs, session=1):
     sealer = wire.Sealer(crypto.SessionCipher(1, MASTER, session), "none")
-    from diode import codec
     return sealer.seal(codec.encode_batch(recs, {"t": 1}))
+
+
+def unpacker_with_writers(zctx, writers: int):
+    """An unpacker wired to `writers` in-memory writer sinks: (unpacker, sinks, its input)."""
+    t = topology(kafka_writer=writers)
+    sinks = [sink(zctx, "receiver", "kafka_writer", i) for i in range(writers)]
+    u = make_stage(zctx, t, "receiver", "unpacker")
+    return u, sinks, source(zctx, "receiver", "unpacker")
 
 
 def run_until(stage, cond, timeout=5.0):
@@ -72,10 +79,7 @@ def run_until(stage, cond, timeout=5.0):
 
 
 def test_unpacker_forwards_valid_records_and_counts_every_reject(zctx):
-    t = topology(kafka_writer=2)
-    writers = [sink(zctx, "receiver", "kafka_writer", i) for i in range(2)]
-    u = make_stage(zctx, t, "receiver", "unpacker")
-    feed = source(zctx, "receiver", "unpacker")
+    u, writers, feed = unpacker_with_writers(zctx, 2)
     good = valid_datagram(records(20, partition=0) + records(5, topic="u", partition=3))
     wrong_key = wire.Sealer(crypto.SessionCipher(1, b"k" * 32, 9), "none").seal(b"x")
     flipped = bytearray(good)
@@ -98,10 +102,7 @@ def test_unpacker_forwards_valid_records_and_counts_every_reject(zctx):
 
 
 def test_unpacker_sends_each_partition_to_its_owning_writer(zctx):
-    t = topology(kafka_writer=3)
-    writers = [sink(zctx, "receiver", "kafka_writer", i) for i in range(3)]
-    u = make_stage(zctx, t, "receiver", "unpacker")
-    feed = source(zctx, "receiver", "unpacker")
+    u, writers, feed = unpacker_with_writers(zctx, 3)
     recs = [r for p in range(6) for r in records(4, partition=p)]
     feed.send_multipart([valid_datagram(recs)])
     run_until(u, lambda: u.metrics.get("records") == 24)
