@@ -214,6 +214,11 @@ class ReceiverSettings:
     heartbeat_topic: str = setting(
         "", "Destination topic recording link liveness: one JSON record per sender heartbeat "
         "received (like MirrorMaker's heartbeats); empty: none.")
+    written_at_header: str = setting(
+        "writtenAt", "Header added to every destination record with the time the receiver "
+        "wrote it (milliseconds since the epoch, a UTF-8 string); with the record's source "
+        "timestamp it gives the end-to-end latency that diode verify reports. Empty: no "
+        "header.")
     stages: dict = setting({}, "Processes per stage type: udp_reader (exactly 1), unpacker, "
                            "kafka_writer. Each maps to instances and cpus.",
                            example={"unpacker": {"instances": 2}})

@@ -1,7 +1,7 @@
 """kafka_writer: writes records to the destination cluster, with their provenance.
 
 A record keeps key, value, headers and timestamp and gains sourceTopic, sourcePartition and
-sourceOffset (UTF-8 strings). It goes to prefix + source topic (or receiver.topic.rename) on the
+sourceOffset (UTF-8 strings), then receiver.written.at.header (when it was written). It goes to prefix + source topic (or receiver.topic.rename) on the
 same partition number when the destination topic has enough partitions. A destination topic that
 does not exist is created with the source topic's partition count.
 
@@ -169,6 +169,8 @@ class Stage(BaseStage):
 
     def _produce_backlog(self):
         produced = 0
+        stamp = self.t.receiver.written_at_header
+        written_at = [(stamp, str(int(time.time() * 1000)).encode())] if stamp else []
         for r in self.backlog:
             topic = self.destination(r.topic)
             n = self.dest_partitions.get(topic)
@@ -181,7 +183,7 @@ class Stage(BaseStage):
                 kwargs["timestamp"] = r.timestamp
             try:
                 self.producer.produce(topic, value=r.value, key=r.key,
-                                      headers=provenance_headers(r),
+                                      headers=provenance_headers(r) + written_at,
                                       on_delivery=self._delivered, **kwargs)
             except BufferError:
                 self.producer.poll(0.05)  # the destination is slow or down: wait, keep order

@@ -6,13 +6,21 @@ switch to `format("kafka")` when spark-sql-kafka is on the classpath (`choose_fo
 
 Options: `kafka.*` (librdkafka settings, e.g. kafka.bootstrap.servers), `subscribe` (comma
 separated topics) or `subscribePattern` (a regular expression), `startingOffsets` ("earliest"
-or JSON {"topic": {"0": 42}}), `endingOffsets` ("latest" or JSON, exclusive), and
-`maxRecordsPerPartition` (default 1 000 000) to split large ranges over several tasks.
+or JSON {"topic": {"0": 42}}), `endingOffsets` ("latest" or JSON, exclusive; batch only),
+`maxOffsetsPerTrigger` (streaming: at most this many records per micro-batch, shared out over
+the partitions by backlog, as Spark's own source does) and `maxRecordsPerPartition` (default
+1 000 000) to split large ranges over several tasks.
+
+`spark.read` gives a batch reader, `spark.readStream` a streaming one. Streaming offsets are
+{"topic": {"partition": next offset}}; partitions and topics that appear while the query runs
+(a `subscribePattern` match, more partitions) are read from their earliest offset.
 
 "Latest" is read as "until the broker says end of partition" (librdkafka's partition EOF), not
 from ListOffsets: some brokers (the embedded Tansu among them) answer ListOffsets wrongly, and a
-reader that trusted it would silently miss records. Planned split boundaries use the watermark
-only as a hint; the last split of each partition reads to the real end.
+reader that trusted it would silently miss records. Batch: planned split boundaries use the
+watermark only as a hint; the last split of each partition reads to the real end. Streaming: the
+driver finds each partition's real end by reading from the watermark to the end of partition
+(nothing to read on a broker that answers correctly).
 
 Kafka clients are created inside `read()`, on the executors: the reader object itself must
 pickle. Rows are yielded as Arrow record batches.
@@ -21,7 +29,13 @@ pickle. Rows are yielded as Arrow record batches.
 import json
 import re
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 SCHEMA = ("key binary, value binary, topic string, partition int, offset long, "
           "timestamp timestamp, timestampType int, "
@@ -37,7 +51,8 @@ class KafkaSplit(InputPartition):
 def kafka_config(options: dict) -> dict:
     conf = {k[len("kafka."):]: v for k, v in options.items() if k.startswith("kafka.")}
     conf.setdefault("group.id", "diode-spark")
-    conf.update({"enable.auto.commit": False, "enable.partition.eof": True})
+    conf.update({"enable.auto.commit": False, "enable.partition.eof": True,
+                 "auto.offset.reset": "earliest"})
     return conf
 
 
@@ -49,49 +64,50 @@ class KafkaDataSource(DataSource):
     def schema(self):
         return SCHEMA
 
+    # Spark's options are case-insensitive (it may hand them over lower-cased)
     def reader(self, schema):
-        # Spark's options are case-insensitive (it may hand them over lower-cased)
         return KafkaBatchReader({k.lower(): v for k, v in self.options.items()})
 
+    def streamReader(self, schema):
+        return KafkaStreamReader({k.lower(): v for k, v in self.options.items()})
 
-class KafkaBatchReader(DataSourceReader):
+
+class _KafkaReader:
+    """What the batch and the streaming readers share: options, topic discovery, `read`."""
+
     def __init__(self, options: dict):
         if "kafka.bootstrap.servers" not in options:
             raise ValueError("diode_kafka: option kafka.bootstrap.servers is required")
         if not options.get("subscribe") and not options.get("subscribepattern"):
             raise ValueError("diode_kafka: give subscribe or subscribePattern")
         self.options = options
+        self.step = int(options.get("maxrecordsperpartition", 1_000_000))
 
-    def partitions(self):
-        from confluent_kafka import Consumer, TopicPartition
-        c = Consumer(kafka_config(self.options))
-        try:
-            topics = c.list_topics(timeout=10).topics
-            names = [t for t in self.options.get("subscribe", "").split(",") if t]
-            pattern = self.options.get("subscribepattern")
-            wanted = sorted(t for t in topics if t in names or
-                            (pattern and re.fullmatch(pattern, t)))
-            starting = _offsets(self.options.get("startingoffsets", "earliest"))
-            ending = _offsets(self.options.get("endingoffsets", "latest"))
-            step = int(self.options.get("maxrecordsperpartition", 1_000_000))
-            splits = []
-            for topic in wanted:
-                for p in sorted(topics[topic].partitions):
-                    low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                    start = max(low, _pick(starting, topic, p, low))
-                    end = _pick(ending, topic, p, None)
-                    hint = end if end is not None else high  # only a hint when "latest"
-                    while hint - start > step:
-                        splits.append(KafkaSplit(topic, p, start, start + step))
-                        start += step
-                    splits.append(KafkaSplit(topic, p, start, end))
-            return splits
-        finally:
-            c.close()
+    def _partitions(self, consumer) -> list[tuple[str, int]]:
+        """The (topic, partition) pairs subscribed to, sorted."""
+        topics = consumer.list_topics(timeout=10).topics
+        names = [t for t in self.options.get("subscribe", "").split(",") if t]
+        pattern = self.options.get("subscribepattern")
+        return [(t, p) for t in sorted(topics)
+                if t in names or (pattern and re.fullmatch(pattern, t))
+                for p in sorted(topics[t].partitions)]
+
+    def _split(self, topic: str, partition: int, start: int, hint: int,
+               end: int | None) -> list[KafkaSplit]:
+        """[start, end) in tasks of at most maxRecordsPerPartition (by the `hint` of the end)."""
+        splits = []
+        while hint - start > self.step:
+            splits.append(KafkaSplit(topic, partition, start, start + self.step))
+            start += self.step
+        return splits + [KafkaSplit(topic, partition, start, end)]
 
     def read(self, split: KafkaSplit):
+        """The records of one split, as Arrow batches; to end of partition when split.end is
+        None. Runs on an executor: the Kafka client is made here."""
         import pyarrow as pa
         from confluent_kafka import Consumer, KafkaError, TopicPartition
+        if split.end is not None and split.end <= split.start:
+            return
         c = Consumer(kafka_config(self.options))
         c.assign([TopicPartition(split.topic, split.partition, split.start)])
         cols = _empty()
@@ -121,10 +137,158 @@ class KafkaBatchReader(DataSourceReader):
                     if len(cols["offset"]) >= BATCH_ROWS:
                         yield _batch(pa, cols)
                         cols = _empty()
+                    if split.end is not None and m.offset() >= split.end - 1:
+                        done = True
+                        break
             if cols["offset"]:
                 yield _batch(pa, cols)
         finally:
             c.close()
+
+
+class KafkaBatchReader(_KafkaReader, DataSourceReader):
+    def partitions(self):
+        from confluent_kafka import Consumer, TopicPartition
+        c = Consumer(kafka_config(self.options))
+        try:
+            starting = _offsets(self.options.get("startingoffsets", "earliest"))
+            ending = _offsets(self.options.get("endingoffsets", "latest"))
+            splits = []
+            for topic, p in self._partitions(c):
+                low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                start = max(low, _pick(starting, topic, p, low))
+                end = _pick(ending, topic, p, None)
+                hint = end if end is not None else high  # only a hint when "latest"
+                splits += self._split(topic, p, start, hint, end)
+            return splits
+        finally:
+            c.close()
+
+
+class KafkaStreamReader(_KafkaReader, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches over [start, end) offsets per partition; `maxOffsetsPerTrigger` caps a
+    batch. Trigger.AvailableNow reads up to the ends found when the query starts. The driver
+    keeps one consumer to find partition ends (dropped when pickled)."""
+
+    def __init__(self, options: dict):
+        super().__init__(options)
+        if "endingoffsets" in options:
+            raise ValueError("diode_kafka: endingOffsets is for batch queries only")
+        self.max_per_trigger = int(options.get("maxoffsetspertrigger", 0)) or None
+        self._consumer = None
+        self._target = None  # Trigger.AvailableNow: {(topic, partition): end}
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_consumer"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _consumer=None)
+
+    def _client(self):
+        from confluent_kafka import Consumer
+        if self._consumer is None:
+            self._consumer = Consumer(kafka_config(self.options))
+        return self._consumer
+
+    def initialOffset(self) -> dict:
+        from confluent_kafka import TopicPartition
+        c = self._client()
+        starting = _offsets(self.options.get("startingoffsets", "earliest"))
+        parts = self._partitions(c)
+        ends = real_ends(c, {tp: 0 for tp in parts}) if starting == "latest" else {}
+        out = {}
+        for topic, p in parts:
+            low, _ = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            o = ends[(topic, p)] if starting == "latest" else \
+                max(low, _pick(starting, topic, p, low))
+            out.setdefault(topic, {})[str(p)] = o
+        return out
+
+    def latestOffset(self, start: dict, limit=None) -> dict:
+        floor = {(t, int(p)): o for t, parts in start.items() for p, o in parts.items()}
+        parts = self._partitions(self._client())
+        ends = real_ends(self._client(), {tp: floor.get(tp, 0) for tp in parts})
+        ends = {tp: max(e, floor.get(tp, 0)) for tp, e in ends.items()}
+        if self._target is not None:  # nothing past the ends found at the start
+            ends = {tp: max(floor.get(tp, 0), min(e, self._target.get(tp, 0)))
+                    for tp, e in ends.items()}
+        rows = getattr(limit, "max_rows", None)
+        if rows is not None:
+            ends = cap({tp: floor.get(tp, 0) for tp in ends}, ends, rows)
+        out = {}
+        for (t, p), o in sorted(ends.items()):
+            out.setdefault(t, {})[str(p)] = o
+        return out
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        c = self._client()
+        self._target = real_ends(c, {tp: 0 for tp in self._partitions(c)})
+
+    def getDefaultReadLimit(self):
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+        return ReadMaxRows(self.max_per_trigger) if self.max_per_trigger else \
+            ReadAllAvailable()
+
+    def partitions(self, start: dict, end: dict):
+        splits = []
+        for topic, parts in sorted(end.items()):
+            for p, e in sorted(parts.items(), key=lambda kv: int(kv[0])):
+                s = start.get(topic, {}).get(p, 0)
+                if e > s:
+                    splits += self._split(topic, int(p), s, e, e)
+        return splits
+
+    def stop(self):
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+def real_ends(consumer, floors: dict, timeout: float = 10.0) -> dict:
+    """{(topic, partition): the offset after its last record}, read up to end of partition from
+    max(floor, the broker's high watermark) since some brokers (Tansu) report a watermark short
+    of the end. On a timeout a partition keeps what was found (a later call finds the rest)."""
+    import time
+
+    from confluent_kafka import KafkaError, TopicPartition
+    ends, assign = {}, []
+    for (t, p), floor in floors.items():
+        _, high = consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)
+        ends[(t, p)] = max(floor, high)
+        assign.append(TopicPartition(t, p, ends[(t, p)]))
+    if not assign:
+        return ends
+    consumer.assign(assign)
+    open_ = set(ends)
+    deadline = time.monotonic() + timeout
+    try:
+        while open_ and time.monotonic() < deadline:
+            for m in consumer.consume(1000, timeout=0.5):
+                tp = (m.topic(), m.partition())
+                err = m.error()
+                if err is None:
+                    ends[tp] = max(ends[tp], m.offset() + 1)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    open_.discard(tp)
+                else:
+                    raise RuntimeError(f"{tp[0]}[{tp[1]}]: {err}")
+    finally:
+        consumer.unassign()
+    return ends
+
+
+def cap(start: dict, end: dict, limit: int) -> dict:
+    """`end` lowered so that at most `limit` records are read in all, shared out over the
+    partitions in proportion to their backlog (remainders to the largest backlogs)."""
+    backlog = {tp: max(0, end[tp] - start.get(tp, 0)) for tp in end}
+    total = sum(backlog.values())
+    if total <= limit:
+        return dict(end)
+    share = {tp: limit * n // total for tp, n in backlog.items()}
+    left = limit - sum(share.values())
+    for tp in sorted(backlog, key=lambda tp: (-(limit * backlog[tp] % total), tp))[:left]:
+        share[tp] += 1
+    return {tp: start.get(tp, 0) + share[tp] for tp in end}
 
 
 def _empty() -> dict:

@@ -4,16 +4,20 @@ On the low side nobody can ask the sender what it sent, so the audit works from 
 destination holds: the provenance headers of every record (sourceTopic, sourcePartition,
 sourceOffset) and, when the receiver records them, the sender's heartbeats (the last offset sent
 per partition). Per source partition it reports records, distinct offsets, duplicates, missing
-offset ranges, out-of-order arrivals.
+offset ranges, out-of-order arrivals and end-to-end latency. `--stream` keeps auditing
+(diode.spark.stream).
 
-Extract, transform and load are separate functions; `audit` (the transform) is a pure
-DataFrame -> DataFrame function with a known-answer test.
+Extract, transform and load are separate functions; `provenance` and `audit` (the transform)
+are pure DataFrame -> DataFrame functions with known-answer tests.
 """
 
 import json
 import os
+import re
 import sys
+import time
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -22,12 +26,21 @@ from diode.spark.kafka_source import choose_format
 MISSING = "array<struct<first: long, last: long>>"
 
 
-def session(master: str = "local[*]", app: str = "diode verify") -> SparkSession:
+def session(master: str | None = None, app: str = "diode verify") -> SparkSession:
+    """The SparkSession: `master` if given; else spark-submit's (--master), else local[*]."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return (SparkSession.builder.master(master).appName(app)
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # started by spark-submit
+    builder = SparkSession.builder.appName(app) \
+        .config("spark.ui.showConsoleProgress", "true")
+    if master or not submitted:
+        master = master or "local[*]"
+        builder = builder.master(master)
+    if master and master.startswith("local"):  # one machine: small shuffles, no web UI
+        builder = builder.config("spark.sql.shuffle.partitions", "8") \
             .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "8")
-            .getOrCreate())
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")  # spark-submit's INFO would bury the progress lines
+    return spark
 
 
 # -- extract -------------------------------------------------------------------------------------
@@ -61,14 +74,42 @@ def extract_heartbeats(spark: SparkSession, bootstrap: str, topic: str,
 
 # -- transform -----------------------------------------------------------------------------------
 
-def audit(rows: DataFrame, heartbeats: DataFrame | None = None) -> DataFrame:
-    """Per source partition: records, distinct offsets, duplicates, first and last offsets,
-    missing ranges (holes between the first offset seen and the last one seen or announced by
-    heartbeats), and out-of-order arrivals (a record written after a later one of its
-    partition). Offsets of compacted topics are not contiguous: there a hole may be a record
-    that never existed; `compare` against the source cluster settles it."""
-    p = with_provenance_rows(rows).select("topic", "partition", "offset", "sourceTopic",
-                                          "sourcePartition", "sourceOffset")
+def provenance(rows: DataFrame, written_at: str = "writtenAt") -> DataFrame:
+    """Destination rows reduced to what the audit needs: where each record sits (topic,
+    partition, offset), where it came from (sourceTopic, sourcePartition, sourceOffset), when the
+    receiver wrote it (writtenAt, ms) and its end-to-end latency in ms (the `written_at` header, receiver.written.at.header, minus the
+    source timestamp the record kept; null without the header). Rows without provenance (not
+    written by diode) are left out."""
+    h = F.map_from_entries("headers")
+    stamp = h[written_at].cast("string").cast("long") if written_at else F.lit(None)
+    return rows.select(
+        "topic", "partition", "offset",
+        h["sourceTopic"].cast("string").alias("sourceTopic"),
+        h["sourcePartition"].cast("string").cast("int").alias("sourcePartition"),
+        h["sourceOffset"].cast("string").cast("long").alias("sourceOffset"),
+        stamp.cast("long").alias("writtenAt"),
+        (stamp - F.unix_millis("timestamp")).cast("long").alias("latencyMs"),
+    ).where(F.col("sourceOffset").isNotNull())
+
+
+def _quantiles():
+    """Latency p50, p90, p99 (approximate: 1/10000 relative error)."""
+    return F.percentile_approx("latencyMs", F.array(F.lit(0.5), F.lit(0.9), F.lit(0.99)),
+                               10000)
+
+
+def _latency_columns(agg: str = "q") -> list:
+    return [F.col(agg)[0].alias("latencyP50"), F.col(agg)[1].alias("latencyP90"),
+            F.col(agg)[2].alias("latencyP99")]
+
+
+def audit(p: DataFrame, heartbeats: DataFrame | None = None) -> DataFrame:
+    """Per source partition, from `provenance` rows: records, distinct offsets, duplicates,
+    first and last offsets, missing ranges (holes between the first offset seen and the last
+    one seen or announced by heartbeats), out-of-order arrivals (a record written after a later
+    one of its partition), and latency percentiles and maximum in ms. Offsets of compacted
+    topics are not contiguous: there a hole may be a record that never existed; `compare`
+    against the source cluster settles it."""
     key = ["sourceTopic", "sourcePartition"]
     arrival = Window.partitionBy("topic", "partition", *key).orderBy("offset")
     late = p.withColumn("prevMax", F.max("sourceOffset").over(
@@ -79,7 +120,8 @@ def audit(rows: DataFrame, heartbeats: DataFrame | None = None) -> DataFrame:
         F.min("sourceOffset").alias("first"),
         F.max("sourceOffset").alias("last"),
         F.sum(F.when(F.col("sourceOffset") < F.col("prevMax"), 1).otherwise(0))
-        .alias("outOfOrder"))
+        .alias("outOfOrder"),
+        _quantiles().alias("q"), F.max("latencyMs").alias("latencyMax"))
     offsets = p.select(*key, "sourceOffset").distinct()
     if heartbeats is not None:  # the tail the sender announced: a sentinel one past it
         tails = heartbeats.join(counts.select(*key, "last"), key) \
@@ -101,19 +143,28 @@ def audit(rows: DataFrame, heartbeats: DataFrame | None = None) -> DataFrame:
                 "missingRanges", F.lit(0).cast("long"),
                 lambda acc, r: acc + r["last"] - r["first"] + 1))
             .select(*key, "records", "distinct", "duplicates", "first", "last", "missing",
-                    "missingRanges", "outOfOrder")
+                    "missingRanges", "outOfOrder", *_latency_columns(), "latencyMax")
             .orderBy(*key))
 
 
-def compare(source: DataFrame, destination: DataFrame) -> DataFrame:
+def latency(p: DataFrame) -> dict:
+    """Latency percentiles (ms) over all records: {p50, p90, p99, max}, None without data."""
+    row = p.agg(_quantiles().alias("q"), F.max("latencyMs").alias("m")).first()
+    q = row["q"] or [None] * 3
+    return {"p50": q[0], "p90": q[1], "p99": q[2], "max": row["m"]}
+
+
+def compare(source: DataFrame, destination: DataFrame,
+            written_at: str = "writtenAt") -> DataFrame:
     """Record by record, against the source cluster (soak tests, pre-production): per source
     partition, records lost (in the source, not in the destination), duplicated (written more
-    than once) and altered (key, value or headers differ). Provenance headers are left out of
-    the comparison; the destination keeps the source's own headers first, in order."""
+    than once) and altered (key, value or headers differ). The headers diode adds (provenance,
+    `written_at`) are left out of the comparison; the destination keeps the source's own
+    headers first, in order."""
     key = ["sourceTopic", "sourcePartition", "sourceOffset"]
-    provenance = F.array(*[F.lit(h) for h in ("sourceTopic", "sourcePartition",
-                                                "sourceOffset")])
-    own = F.filter("headers", lambda h: ~F.array_contains(provenance, h["key"]))
+    added = F.array(*[F.lit(h) for h in ("sourceTopic", "sourcePartition", "sourceOffset",
+                                           written_at) if h])
+    own = F.filter("headers", lambda h: ~F.array_contains(added, h["key"]))
     dst = with_provenance_rows(destination).select(
         *key, F.col("key").alias("dKey"), F.col("value").alias("dValue"),
         own.alias("dHeaders"))
@@ -159,9 +210,13 @@ def report(result: DataFrame) -> dict:
                        for k in ("records", "distinct", "duplicates", "missing", "outOfOrder")}}
 
 
+def _ms(v) -> str:
+    return "-" if v is None else str(v)
+
+
 def table(rep: dict) -> str:
     head = ("source partition", "records", "distinct", "duplicates", "missing", "out of order",
-            "missing ranges")
+            "p50 ms", "p99 ms", "missing ranges")
     lines = ["  ".join(f"{h:>12}" for h in head)]
     for r in rep["partitions"]:
         ranges = ", ".join(f"{m['first']}..{m['last']}" for m in r["missingRanges"][:5])
@@ -169,10 +224,15 @@ def table(rep: dict) -> str:
             ranges += f", … ({len(r['missingRanges'])} ranges)"
         lines.append("  ".join(f"{v:>12}" for v in (
             f"{r['sourceTopic']}[{r['sourcePartition']}]", r["records"], r["distinct"],
-            r["duplicates"], r["missing"], r["outOfOrder"])) + "  " + (ranges or "-"))
+            r["duplicates"], r["missing"], r["outOfOrder"], _ms(r["latencyP50"]),
+            _ms(r["latencyP99"]))) + "  " + (ranges or "-"))
     t = rep["totals"]
     lines.append(f"total: {t['records']} records, {t['distinct']} distinct, {t['duplicates']} "
                  f"duplicates, {t['missing']} missing, {t['outOfOrder']} out of order")
+    lat = t.get("latencyMs") or {}
+    if lat.get("p50") is not None:
+        lines.append(f"end-to-end latency: p50 {lat['p50']} ms, p90 {lat['p90']} ms, "
+                     f"p99 {lat['p99']} ms, max {lat['max']} ms")
     return "\n".join(lines)
 
 
@@ -184,25 +244,52 @@ def manifest(rep: dict) -> dict:
         for r in rep["partitions"] if r["missingRanges"]]}
 
 
+def say(message: str) -> None:
+    """Progress, on stderr (the table and the JSON go to stdout and files)."""
+    print(f"diode verify: {message}", file=sys.stderr, flush=True)
+
+
+def pattern_of(args) -> str:
+    return args.pattern or (re.escape(args.prefix) + ".*")
+
+
 def main(args) -> int:
     """`diode verify`: exit 0 when nothing is missing (or lost or altered), 1 otherwise."""
+    if args.stream:
+        from diode.spark.stream import main as stream_main
+        return stream_main(args)
+    started = time.monotonic()
+    say(f"starting Spark ({args.master or 'spark-submit master or local[*]'})")
     spark = session(args.master)
     try:
-        pattern = args.pattern or (__import__("re").escape(args.prefix) + ".*")
+        pattern = pattern_of(args)
+        say(f"auditing the topics matching {pattern} on {args.bootstrap} "
+            f"({choose_format(spark, args.format)} source)")
         rows = extract(spark, args.bootstrap, pattern, args.format)
+        p = provenance(rows, args.written_at_header).persist(StorageLevel.MEMORY_AND_DISK)
         beats = extract_heartbeats(spark, args.bootstrap, args.heartbeat_topic, args.format) \
             if args.heartbeat_topic else None
-        rep = report(audit(rows, beats))
+        audit_start = time.monotonic()
+        rep = report(audit(p, beats))
+        rep["totals"]["latencyMs"] = latency(p)
+        took = time.monotonic() - audit_start
+        n = rep["totals"]["records"]
+        say(f"audited {n} records of {len(rep['partitions'])} source partitions in "
+            f"{took:.1f} s ({n / max(took, 1e-9):.0f} records/s)")
         if args.source_bootstrap:
             topics = sorted({r["sourceTopic"] for r in rep["partitions"]})
+            say(f"comparing with the source cluster {args.source_bootstrap}: "
+                f"{len(topics)} topics")
             source = extract(spark, args.source_bootstrap,
-                             "|".join(__import__("re").escape(t) for t in topics) or "(?!)",
-                             args.format)
-            rep["comparison"] = [r.asDict() for r in compare(source, rows).collect()]
+                             "|".join(re.escape(t) for t in topics) or "(?!)", args.format)
+            rep["comparison"] = [r.asDict() for r in
+                                 compare(source, rows, args.written_at_header).collect()]
             rep["totals"].update({k: sum(r[k] for r in rep["comparison"])
                                   for k in ("lost", "duplicated", "altered")})
+        p.unpersist()
     finally:
         spark.stop()
+    say(f"done in {time.monotonic() - started:.1f} s")
     print(table(rep))
     if args.json:
         with open(args.json, "w") as f:
@@ -218,19 +305,52 @@ def main(args) -> int:
     return 1 if t["missing"] or t.get("lost") or t.get("altered") else 0
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("verify", help="audit the destination topics on Spark: per source "
-                       "partition records, duplicates, missing ranges, order (exit 1: missing)")
+def add_arguments(p) -> None:
     p.add_argument("--bootstrap", required=True, help="the destination cluster")
     p.add_argument("--prefix", default="", help="destination topic prefix (receiver.topic.prefix)")
     p.add_argument("--pattern", help="destination topics by regular expression instead")
     p.add_argument("--heartbeat-topic", help="receiver.heartbeat.topic, for the missing tail")
+    p.add_argument("--written-at-header", default="writtenAt",
+                   help="receiver.written.at.header, for latency ('' for none)")
     p.add_argument("--source-bootstrap", help="the source cluster too: compare record by record "
                    "(lost, duplicated, altered); soak tests and pre-production")
     p.add_argument("--json", help="write the report as JSON")
     p.add_argument("--manifest", help="write the resend manifest (missing ranges)")
-    p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     p.add_argument("--format", choices=("auto", "native", "python"), default="auto",
                    help="Kafka source: spark-sql-kafka (native), diode's Python source, or "
                    "native when on the classpath (auto)")
+    s = p.add_argument_group("streaming mode (--stream): keep auditing as records arrive")
+    s.add_argument("--stream", action="store_true", help="audit continuously; report missing "
+                   "ranges and later fills as they are seen")
+    s.add_argument("--checkpoint", help="directory for Spark's checkpoint and the audit's "
+                   "ledger (required with --stream; a restart carries on from it)")
+    s.add_argument("--missing-topic", help="write missing/filled events (JSON) to this topic of "
+                   "the destination cluster")
+    s.add_argument("--missing-parquet", help="append missing/filled events to Parquet here")
+    s.add_argument("--trigger-seconds", type=float, default=10.0,
+                   help="how often a micro-batch runs (default 10)")
+    s.add_argument("--max-offsets-per-trigger", type=int, default=1_000_000,
+                   help="records per micro-batch at most (default 1000000)")
+    s.add_argument("--grace-seconds", type=float, default=60.0, help="how long a heartbeat's "
+                   "claim waits before its missing tail is reported (default 60)")
+    s.add_argument("--run-seconds", type=float, default=0.0,
+                   help="stop after this long (default 0: until Ctrl-C)")
+    s.add_argument("--available-now", action="store_true", help="audit what the topics hold "
+                   "now (in micro-batches), then stop: run it from cron for an incremental "
+                   "audit that carries on from its checkpoint each time")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("verify", help="audit the destination topics on Spark: per source "
+                       "partition records, duplicates, missing ranges, order, latency "
+                       "(exit 1: missing)")
+    add_arguments(p)
     p.set_defaults(func=main)
+
+
+if __name__ == "__main__":  # spark-submit …/diode/spark/verify.py ARGS
+    import argparse
+    parser = argparse.ArgumentParser(prog="diode verify")
+    add_arguments(parser)
+    sys.exit(main(parser.parse_args()))

@@ -37,8 +37,10 @@ def test_records_arrive_intact_with_provenance(tmp_path, brokers, launch):
         m = by_value[r["value"]]
         h = m.headers() or []
         assert m.key() == r["key"]
-        assert h[:-3] == [(k, v) for k, v in r["headers"]]  # own headers first, in order
+        assert h[:-4] == [(k, v) for k, v in r["headers"]]  # own headers first, in order
         assert m.timestamp()[1] == r["timestamp"]
+        # receiver.written.at.header: when the receiver wrote it (for end-to-end latency)
+        assert 0 <= time.time() * 1000 - int(h[-1][1]) < 60_000 and h[-1][0] == "writtenAt"
         assert m.partition() == r["partition"]  # same partition number
         prov = headers_of(m)
         assert prov["sourceTopic"] == b"src"

@@ -5,29 +5,40 @@ import subprocess
 import sys
 
 from diode.spark.kafka_source import choose_format
-from diode.spark.verify import audit, extract, extract_heartbeats, manifest, report
-from tests.conftest import create_topic, produce
+from diode.spark.verify import (
+    audit,
+    extract,
+    extract_heartbeats,
+    latency,
+    manifest,
+    provenance,
+    report,
+)
+from tests.conftest import consume, create_topic, produce
 
 
-def provenance(topic, partition, offset):
+def origin(topic, partition, offset):
     return [("sourceTopic", topic.encode()), ("sourcePartition", str(partition).encode()),
             ("sourceOffset", str(offset).encode())]
 
 
 def plant(bootstrap):
     """dst_a: source a[0] offsets 0..19 without 3,4 and 15, with 7 twice and 9 before 8;
-    source a[1] offsets 0..4 complete. dst_b: source b[0] 100..104 complete."""
+    source a[1] offsets 0..4 complete, written 10, 20, 30, 40 and 50 ms after their source
+    timestamps. dst_b: source b[0] 100..104 complete."""
     create_topic(bootstrap, "dst_a", 2)
     order = [o for o in range(20) if o not in (3, 4, 15)]
     i, j = order.index(8), order.index(9)
     order[i], order[j] = order[j], order[i]
-    recs = [{"value": b"a0-%d" % o, "partition": 0, "headers": provenance("a", 0, o)}
+    recs = [{"value": b"a0-%d" % o, "partition": 0, "headers": origin("a", 0, o)}
             for o in order + [7]]
-    recs += [{"value": b"a1-%d" % o, "partition": 1, "headers": provenance("a", 1, o)}
+    t = 1_700_000_000_000
+    recs += [{"value": b"a1-%d" % o, "partition": 1, "timestamp": t,
+              "headers": origin("a", 1, o) + [("writtenAt", b"%d" % (t + 10 * (o + 1)))]}
              for o in range(5)]
     produce(bootstrap, "dst_a", recs)
     create_topic(bootstrap, "dst_b", 1)
-    produce(bootstrap, "dst_b", [{"value": b"b", "headers": provenance("b", 0, o)}
+    produce(bootstrap, "dst_b", [{"value": b"b", "headers": origin("b", 0, o)}
                                  for o in range(100, 105)])
     produce(bootstrap, "not_replicated", [{"value": b"no provenance"}])
     create_topic(bootstrap, "beats", 1)
@@ -64,7 +75,8 @@ def test_audit_names_exactly_the_planted_gaps_duplicates_and_reordering(spark, b
     plant(dst.bootstrap)
     rows = extract(spark, dst.bootstrap, "dst_.*", "python")
     beats = extract_heartbeats(spark, dst.bootstrap, "beats", "python")
-    rep = report(audit(rows, beats))
+    p = provenance(rows)
+    rep = report(audit(p, beats))
     by = {(r["sourceTopic"], r["sourcePartition"]): r for r in rep["partitions"]}
     assert set(by) == {("a", 0), ("a", 1), ("b", 0)}
     a0 = by[("a", 0)]
@@ -76,6 +88,10 @@ def test_audit_names_exactly_the_planted_gaps_duplicates_and_reordering(spark, b
     assert a0["outOfOrder"] == 2  # 8 after 9, and the second 7
     assert (by[("a", 1)]["missing"], by[("a", 1)]["outOfOrder"]) == (0, 0)
     assert (by[("b", 0)]["first"], by[("b", 0)]["missing"]) == (100, 0)
+    a1 = by[("a", 1)]  # end-to-end latency, from the writtenAt header and the timestamp
+    assert (a1["latencyP50"], a1["latencyP99"], a1["latencyMax"]) == (30, 50, 50)
+    assert a0["latencyP50"] is None  # no writtenAt header: no latency, rather than a guess
+    assert latency(p) == {"p50": 30, "p90": 50, "p99": 50, "max": 50}
     assert manifest(rep) == {"version": 1, "missing": [
         {"topic": "a", "partition": 0, "ranges": [[3, 4], [15, 15], [20, 22]]}]}
 
@@ -115,7 +131,7 @@ def test_compare_with_the_source_names_lost_duplicated_and_altered_records(spark
         value = b"changed" if o == 6 else b"v%d" % o  # altered
         copies = 2 if o == 8 else 1  # duplicated
         written += [{"value": value, "key": b"k",
-                     "headers": [("h", b"1")] + provenance("s", 0, o)}] * copies
+                     "headers": [("h", b"1")] + origin("s", 0, o)}] * copies
     produce(dst.bootstrap, "dst_s", written)
     fmt = choose_format(spark, "python")
 
@@ -125,3 +141,128 @@ def test_compare_with_the_source_names_lost_duplicated_and_altered_records(spark
     (row,) = compare(read(src.bootstrap, "s"), read(dst.bootstrap, "dst_s")).collect()
     assert row.asDict() == {"sourceTopic": "s", "sourcePartition": 0, "sourceRecords": 10,
                             "lost": 1, "duplicated": 1, "altered": 1}
+
+
+def test_stream_reader_caps_each_micro_batch_and_picks_up_new_records(spark, brokers,
+                                                                     tmp_path):
+    src, _ = brokers
+    create_topic(src.bootstrap, "t", 3)
+    produce(src.bootstrap, "t", [{"value": b"%d" % i, "partition": i % 3} for i in range(3000)])
+    df = (spark.readStream.format(choose_format(spark, "python"))
+          .option("kafka.bootstrap.servers", src.bootstrap).option("subscribe", "t")
+          .option("maxOffsetsPerTrigger", "1000").load())
+    q = (df.writeStream.format("memory").queryName("capped")
+         .option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        q.processAllAvailable()
+        assert [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]] == \
+            [1000, 1000, 1000]
+        produce(src.bootstrap, "t", [{"value": b"%d" % i, "partition": i % 3}
+                                     for i in range(3000, 3500)])
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    values = [int(r.value) for r in spark.sql("select value from capped").collect()]
+    assert sorted(values) == list(range(3500))  # each once, to the real end of partition
+
+
+def stream_args(tmp_path, bootstrap, **kw):
+    from argparse import Namespace
+    args = dict(bootstrap=bootstrap, prefix="dst_", pattern=None, heartbeat_topic="beats",
+                written_at_header="writtenAt", format="python", checkpoint=str(tmp_path / "ck"),
+                missing_topic="audit-missing", missing_parquet=str(tmp_path / "missing"),
+                trigger_seconds=0.5, max_offsets_per_trigger=10, grace_seconds=0.0, json=None,
+                available_now=False)
+    args.update(kw)
+    return Namespace(**args)
+
+
+def test_streaming_audit_reports_missing_ranges_then_fills_and_carries_on_after_restart(
+        spark, brokers, tmp_path):
+    from diode.spark import stream
+    _, dst = brokers
+    plant(dst.bootstrap)
+    create_topic(dst.bootstrap, "audit-missing", 1)
+    args = stream_args(tmp_path, dst.bootstrap, json=str(tmp_path / "now.json"))
+
+    def events():
+        rows = spark.read.parquet(args.missing_parquet).collect()
+        return sorted((r.type, r.sourceTopic, r.sourcePartition, r.firstOffset, r.lastOffset)
+                      for r in rows)
+
+    q, auditor = stream.start(spark, args)
+    try:
+        q.processAllAvailable()
+        # several micro-batches (10 records each at most), the same answer as the batch audit
+        assert len([p for p in q.recentProgress if p["numInputRows"]]) >= 3
+        assert events() == [("missing", "a", 0, 3, 4), ("missing", "a", 0, 15, 15),
+                            ("missing", "a", 0, 20, 22)]
+        rep = json.loads((tmp_path / "now.json").read_text())
+        a0 = next(r for r in rep["partitions"] if r["sourcePartition"] == 0
+                  and r["sourceTopic"] == "a")
+        assert (a0["records"], a0["duplicates"], a0["outOfOrder"], a0["missing"]) == \
+            (18, 1, 2, 6)
+        # a resend fills 3..4
+        produce(dst.bootstrap, "dst_a", [{"value": b"a0-%d" % o, "partition": 0,
+                                          "headers": origin("a", 0, o)} for o in (3, 4)])
+        q.processAllAvailable()
+        assert ("filled", "a", 0, 3, 4) in events()
+    finally:
+        q.stop()
+        auditor.close()
+    # restarted from its checkpoint: nothing reported twice, and later fills still seen
+    q, auditor = stream.start(spark, args)
+    try:
+        produce(dst.bootstrap, "dst_a", [{"value": b"a0-15", "partition": 0,
+                                          "headers": origin("a", 0, 15)}])
+        q.processAllAvailable()
+    finally:
+        q.stop()
+        auditor.close()
+    assert events() == [("filled", "a", 0, 3, 4), ("filled", "a", 0, 15, 15),
+                        ("missing", "a", 0, 3, 4), ("missing", "a", 0, 15, 15),
+                        ("missing", "a", 0, 20, 22)]
+    assert [(r["sourceTopic"], r["missingRanges"]) for r in auditor.report()["partitions"]
+            if r["missingRanges"]] == [("a", [{"first": 20, "last": 22}])]
+    # the same events went to the missing-records topic
+    sent = [json.loads(m.value()) for m in consume(dst.bootstrap, "audit-missing", 5)]
+    assert sorted((e["type"], e["firstOffset"]) for e in sent) == [
+        ("filled", 3), ("filled", 15), ("missing", 3), ("missing", 15), ("missing", 20)]
+
+
+def test_spark_submit_runs_an_incremental_streaming_audit_that_carries_on(brokers, tmp_path):
+    """The documented spark-submit command, with --stream --available-now: each run audits
+    what arrived since the last one, from its checkpoint, and exits 0 once nothing is missing."""
+    import os
+    from pathlib import Path
+
+    import pyspark
+
+    import diode.spark.verify
+    _, dst = brokers
+    plant(dst.bootstrap)
+    report_path = tmp_path / "report.json"
+    cmd = [str(Path(pyspark.__file__).parent / "bin" / "spark-submit"), "--master", "local[2]",
+           "--conf", f"spark.pyspark.python={sys.executable}", diode.spark.verify.__file__,
+           "--bootstrap", dst.bootstrap, "--prefix", "dst_", "--heartbeat-topic", "beats",
+           "--stream", "--available-now", "--checkpoint", str(tmp_path / "ck"),
+           "--grace-seconds", "0", "--max-offsets-per-trigger", "20", "--format", "python",
+           "--json", str(report_path)]
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+
+    def run():
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    first = run()
+    assert first.returncode == 1, first.stderr[-3000:]
+    # progress, batch by batch (spark-submit puts the driver's stderr on its stdout)
+    assert "diode verify: batch 0:" in first.stdout + first.stderr
+    rep = json.loads(report_path.read_text())
+    assert rep["totals"]["missing"] == 6
+    produce(dst.bootstrap, "dst_a", [{"value": b"a0-%d" % o, "partition": 0,
+                                      "headers": origin("a", 0, o)}
+                                     for o in (3, 4, 15, 20, 21, 22)])
+    second = run()
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "carrying on from batch" in second.stdout + second.stderr
+    rep = json.loads(report_path.read_text())
+    assert rep["totals"]["missing"] == 0 and rep["totals"]["records"] == 34

@@ -1,0 +1,147 @@
+"""The streaming audit's memory of one source partition, as pure logic (no Spark, no Kafka).
+
+A micro-batch hands over, per source partition, the runs of consecutive source offsets it holds
+(already merged by Spark), its record count, the records that arrived after a later one, and any
+heartbeat claim ("the sender sent up to offset L"). The ledger keeps the runs seen so far, merged,
+so its size is the number of holes, not the number of records; it reports a hole the first time
+it is seen ("missing") and again when a later batch fills any of it ("filled").
+
+A claim from a heartbeat (receiver.heartbeat.topic: the sender's last offset sent, and when the
+receiver got it) is judged only once the records it covers must have been written: when this
+source partition has a record written `grace_ms` after the heartbeat came (its destination
+partition is read in order, so everything written before is in), or, for a tail nothing came
+after, when the audit has caught up with the topics and has known the claim for `grace_ms`. So
+records on their way, and an audit catching up on history, do not raise false alarms.
+When holes pile up past `max_runs`, the oldest are settled: they stay counted as missing, and
+a later fill of them is no longer noticed (it counts as a duplicate).
+"""
+
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+Range = tuple[int, int]  # first, last (inclusive)
+
+
+def merge(ranges: list[Range]) -> list[Range]:
+    """Sorted, with overlapping and adjacent ranges joined."""
+    out: list[Range] = []
+    for first, last in sorted(ranges):
+        if out and first <= out[-1][1] + 1:
+            if last > out[-1][1]:
+                out[-1] = (out[-1][0], last)
+        else:
+            out.append((first, last))
+    return out
+
+
+def overlap(a: list[Range], b: list[Range]) -> int:
+    """How many offsets two merged range lists share."""
+    i = j = n = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo <= hi:
+            n += hi - lo + 1
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return n
+
+
+def subtract(a: list[Range], b: list[Range]) -> list[Range]:
+    """The offsets of `a` not in `b` (both merged)."""
+    out, j = [], 0
+    for first, last in a:
+        while j < len(b) and b[j][1] < first:
+            j += 1
+        k, cur = j, first
+        while k < len(b) and b[k][0] <= last:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0] - 1))
+            cur = max(cur, b[k][1] + 1)
+            k += 1
+        if cur <= last:
+            out.append((cur, last))
+    return out
+
+
+def holes(runs: list[Range], until: int | None = None) -> list[Range]:
+    """The gaps between merged runs, and after the last one up to `until`."""
+    out = [(a[1] + 1, b[0] - 1) for a, b in pairwise(runs)]
+    if runs and until is not None and until > runs[-1][1]:
+        out.append((runs[-1][1] + 1, until))
+    return out
+
+
+@dataclass
+class PartitionLedger:
+    grace_ms: int = 60_000
+    max_runs: int = 100_000
+    runs: list = field(default_factory=list)
+    records: int = 0
+    duplicates: int = 0
+    out_of_order: int = 0
+    reported: list = field(default_factory=list)  # holes reported missing, not yet filled
+    claims: list = field(default_factory=list)  # [offset, received at, seen at] (ms), pending
+    tail: int = -1  # the highest offset a heartbeat claimed, judged
+    written: int = -1  # the latest receiver write time seen (ms, receiver.written.at.header)
+    settled: int = 0  # missing offsets in holes no longer followed (past max_runs)
+
+    @property
+    def last(self) -> int:
+        return self.runs[-1][1] if self.runs else -1
+
+    def add(self, runs: list[Range], records: int, out_of_order: int,
+            written: int | None = None) -> None:
+        """A batch's records: `runs` of distinct source offsets, `records` in all (so repeats
+        within the batch are duplicates, and so are offsets seen before); `written`, the latest
+        time one of them was written."""
+        if written is not None:
+            self.written = max(self.written, written)
+        runs = merge(runs)
+        distinct = sum(b - a + 1 for a, b in runs)
+        self.duplicates += records - distinct + overlap(self.runs, runs)
+        self.records += records
+        self.out_of_order += out_of_order
+        self.runs = merge(self.runs + runs)
+
+    def claim(self, offset: int, received_ms: int | None, now_ms: int) -> None:
+        """A heartbeat the receiver got at `received_ms` said the sender sent up to `offset`."""
+        if offset > max(self.tail, max((c[0] for c in self.claims), default=-1)):
+            self.claims.append([offset, received_ms, now_ms])
+
+    def settle(self, now_ms: int, caught_up: bool = True) -> tuple[list[Range], list[Range]]:
+        """(newly missing, newly filled) ranges as of now; `caught_up`: the audit has read the
+        topics to their end."""
+        def due(c):
+            return (c[1] is not None and self.written >= c[1] + self.grace_ms) or \
+                (caught_up and now_ms - c[2] >= self.grace_ms)
+        judged = [c for c in self.claims if due(c)]
+        if judged:
+            self.tail = max(self.tail, max(c[0] for c in judged))
+            self.claims = [c for c in self.claims if c[0] > self.tail]
+        current = holes(self.runs, self.tail if self.runs else None)
+        filled = subtract(self.reported, current)
+        missing = subtract(current, self.reported)
+        self.reported = merge(subtract(self.reported, filled) + missing)
+        if len(self.runs) > self.max_runs:  # settle the oldest holes: too many to follow
+            drop = len(self.runs) - self.max_runs
+            edge = self.runs[drop][1]
+            self.runs = [(self.runs[0][0], edge)] + self.runs[drop + 1:]
+            self.settled += sum(b - a + 1 for a, b in self.reported if a <= edge)
+            self.reported = [r for r in self.reported if r[0] > edge]
+        return missing, filled
+
+    def open_ranges(self) -> list[Range]:
+        return list(self.reported)
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in ("runs", "records", "duplicates", "out_of_order",
+                                               "reported", "claims", "tail", "written", "settled")}
+
+    @classmethod
+    def from_json(cls, data: dict, **settings) -> "PartitionLedger":
+        ledger = cls(**settings)
+        for k, v in data.items():
+            setattr(ledger, k, [tuple(r) for r in v] if k in ("runs", "reported") else v)
+        return ledger

@@ -1,0 +1,290 @@
+"""`diode verify --stream`: keep auditing the destination topics as records arrive.
+
+A Structured Streaming query reads the destination topics (and the heartbeat topic, for the
+missing tail) in micro-batches of at most `--max-offsets-per-trigger` records. Each batch is
+reduced on Spark to a small summary per source partition (runs of consecutive source offsets,
+record and out-of-order counts, latency); the driver folds it into one `PartitionLedger` per
+source partition (diode.spark.ledger) and writes an event for every newly missing range and
+every later fill, to a Kafka topic and/or Parquet. The ledgers are saved in the checkpoint
+directory after each batch, beside Spark's own checkpoint, so a restarted audit carries on
+without reporting a range twice; a batch Spark replays after a crash is recognised by its id.
+Events are written before the ledger is saved: after a crash, a batch's events may be written
+twice (at least once).
+"""
+
+import json
+import os
+import re
+import signal
+import time
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from diode.spark.kafka_source import choose_format
+from diode.spark.ledger import PartitionLedger
+from diode.spark.verify import _quantiles, pattern_of, provenance, say, session
+
+EVENT_SCHEMA = ("type string, sourceTopic string, sourcePartition int, firstOffset long, "
+                "lastOffset long, reason string, detectedAt long, batch long")
+KEY = ["sourceTopic", "sourcePartition"]
+
+
+# -- transform: one micro-batch to a summary per source partition --------------------------------
+
+def summarize(p: DataFrame, known: DataFrame | None = None) -> DataFrame:
+    """Per source partition of one micro-batch (`provenance` rows): runs of consecutive
+    distinct source offsets, records, out-of-order arrivals (after a later record of this batch
+    or, given `known` (sourceTopic, sourcePartition, last), of an earlier batch), latency
+    percentiles. Its size is the number of holes, not of records."""
+    arrival = Window.partitionBy("topic", "partition", *KEY).orderBy("offset")
+    late = p.withColumn("prevMax", F.max("sourceOffset").over(
+        arrival.rowsBetween(Window.unboundedPreceding, -1)))
+    if known is not None:
+        late = late.join(F.broadcast(known), KEY, "left") \
+            .withColumn("prevMax", F.greatest("prevMax", "last"))
+    counts = late.groupBy(*KEY).agg(
+        F.count("*").alias("records"),
+        F.sum(F.when(F.col("sourceOffset") < F.col("prevMax"), 1).otherwise(0))
+        .alias("outOfOrder"),
+        _quantiles().alias("q"), F.max("latencyMs").alias("latencyMax"),
+        F.max("writtenAt").alias("written"))
+    island = F.col("sourceOffset") - F.row_number().over(
+        Window.partitionBy(*KEY).orderBy("sourceOffset"))
+    runs = (p.select(*KEY, "sourceOffset").distinct()
+            .withColumn("island", island)
+            .groupBy(*KEY, "island")
+            .agg(F.min("sourceOffset").alias("first"), F.max("sourceOffset").alias("last"))
+            .groupBy(*KEY)
+            .agg(F.collect_list(F.struct("first", "last")).alias("runs")))
+    return counts.join(runs, KEY)
+
+
+def claims(beats: DataFrame) -> DataFrame:
+    """(sourceTopic, sourcePartition, lastSent, receivedAt) from heartbeat records
+    (receiver.heartbeat.topic): the highest offset claimed, and when the receiver got it."""
+    beat = F.from_json(F.col("value").cast("string"),
+                       "struct<receivedAt: long, lastSent: array<struct<topic: string, "
+                       "partition: int, offset: long>>>")
+    latest = F.max(F.struct(F.col("s.offset").alias("lastSent"), F.col("receivedAt")))
+    return (beats.select(beat["receivedAt"].alias("receivedAt"),
+                         F.explode(beat["lastSent"]).alias("s"))
+            .groupBy(F.col("s.topic").alias("sourceTopic"),
+                     F.col("s.partition").alias("sourcePartition"))
+            .agg(latest.alias("c"))
+            .select("sourceTopic", "sourcePartition", "c.lastSent", "c.receivedAt"))
+
+
+# -- the driver's side: ledgers, events, checkpoint ----------------------------------------------
+
+class StreamAudit:
+    """foreachBatch target: folds each micro-batch into the ledgers and writes events."""
+
+    def __init__(self, spark: SparkSession, args, sinks: list):
+        self.spark, self.args, self.sinks = spark, args, sinks
+        self.settings = {"grace_ms": int(args.grace_seconds * 1000)}
+        self.path = os.path.join(args.checkpoint, "diode-ledger.json")
+        self.batch_id, self.ledgers = -1, {}
+        if os.path.exists(self.path):
+            with open(self.path) as f:
+                saved = json.load(f)
+            self.batch_id = saved["batch"]
+            self.ledgers = {(e["topic"], e["partition"]):
+                            PartitionLedger.from_json(e["ledger"], **self.settings)
+                            for e in saved["partitions"]}
+            say(f"carrying on from batch {self.batch_id}: {len(self.ledgers)} source "
+                "partitions, " + self._open_text())
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        if batch_id <= self.batch_id:  # replayed by Spark after a restart: already counted
+            return
+        hb = self.args.heartbeat_topic
+        # read the batch once: without record values, except the heartbeats'
+        slim = df.select("topic", "partition", "offset", "timestamp", "headers",
+                         F.when(F.col("topic") == F.lit(hb or ""), F.col("value"))
+                         .alias("value")).persist()
+        p = provenance(slim.where(F.col("topic") != hb) if hb else slim,
+                       self.args.written_at_header)
+        known = None
+        if self.ledgers:
+            known = self.spark.createDataFrame(
+                [(t, pt, led.last) for (t, pt), led in self.ledgers.items()],
+                "sourceTopic string, sourcePartition int, last long")
+        total = slim.count()
+        # a batch cut short by maxOffsetsPerTrigger means the audit is still catching up
+        caught_up = total < self.args.max_offsets_per_trigger
+        rows = summarize(p, known).collect()
+        beats = claims(slim.where(F.col("topic") == hb)).collect() if hb else []
+        batch_latency = p.agg(_quantiles().alias("q")).first()["q"]
+        slim.unpersist()
+        now = int(time.time() * 1000)
+        for r in rows:
+            self._ledger(r.sourceTopic, r.sourcePartition).add(
+                [(x.first, x.last) for x in r.runs], r.records, r.outOfOrder, r.written)
+        for b in beats:
+            self._ledger(b.sourceTopic, b.sourcePartition).claim(b.lastSent, b.receivedAt, now)
+        events = []
+        for (topic, partition), led in sorted(self.ledgers.items()):
+            missing, filled = led.settle(now, caught_up)
+            events += [self._event("missing", topic, partition, r, now, batch_id)
+                       for r in missing]
+            events += [self._event("filled", topic, partition, r, now, batch_id)
+                       for r in filled]
+        for sink in self.sinks:
+            sink(events)
+        self._save(batch_id)
+        self.batch_id = batch_id
+        self._progress(batch_id, rows, events, batch_latency)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+    def _ledger(self, topic: str, partition: int) -> PartitionLedger:
+        key = (topic, partition)
+        if key not in self.ledgers:
+            self.ledgers[key] = PartitionLedger(**self.settings)
+        return self.ledgers[key]
+
+    @staticmethod
+    def _event(kind, topic, partition, r, now, batch_id) -> dict:
+        return {"type": kind, "sourceTopic": topic, "sourcePartition": partition,
+                "firstOffset": r[0], "lastOffset": r[1], "reason": "audit",
+                "detectedAt": now, "batch": batch_id}
+
+    def _save(self, batch_id: int) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"batch": batch_id, "partitions": [
+                {"topic": t, "partition": p, "ledger": led.to_json()}
+                for (t, p), led in sorted(self.ledgers.items())]}, f)
+        os.replace(tmp, self.path)  # atomic: a crash leaves the old ledger or the new one
+        if self.args.json:
+            tmp = self.args.json + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.report(), f, indent=1)
+            os.replace(tmp, self.args.json)
+
+    def report(self) -> dict:
+        parts = [{"sourceTopic": t, "sourcePartition": p, "records": led.records,
+                  "duplicates": led.duplicates, "outOfOrder": led.out_of_order,
+                  "last": led.last, "settled": led.settled,
+                  "missing": sum(b - a + 1 for a, b in led.reported) + led.settled,
+                  "missingRanges": [{"first": a, "last": b} for a, b in led.reported]}
+                 for (t, p), led in sorted(self.ledgers.items())]
+        return {"batch": self.batch_id, "partitions": parts,
+                "totals": {k: sum(r[k] for r in parts)
+                           for k in ("records", "duplicates", "outOfOrder", "missing")}}
+
+    def _open_text(self) -> str:
+        ranges = sum(len(led.reported) for led in self.ledgers.values())
+        n = sum(b - a + 1 for led in self.ledgers.values() for a, b in led.reported)
+        return f"{ranges} missing ranges open ({n} records)"
+
+    def _progress(self, batch_id, rows, events, latency) -> None:
+        n = sum(r.records for r in rows)
+        kinds = [e["type"] for e in events]
+        lat = f"; latency p50 {latency[0]} ms, p99 {latency[2]} ms" \
+            if latency and latency[0] is not None else ""
+        say(f"batch {batch_id}: {n} records of {len(rows)} source partitions, "
+            f"{kinds.count('missing')} new missing ranges, {kinds.count('filled')} filled; "
+            f"{self._open_text()}{lat}")
+
+
+class KafkaSink:
+    """Events as JSON to a topic (keyed by source partition, like the receiver's events)."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        from confluent_kafka import Producer
+        self.bootstrap, self.topic, self.failures = bootstrap, topic, []
+        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+
+    def __call__(self, events: list) -> None:
+        for e in events:
+            self.producer.produce(
+                self.topic, key=f"{e['sourceTopic']}-{e['sourcePartition']}".encode(),
+                value=json.dumps(e).encode(), on_delivery=self._delivered)
+            self.producer.poll(0)
+        if self.producer.flush(30) or self.failures:
+            raise RuntimeError(f"could not write missing-range events to {self.topic} on "
+                               f"{self.bootstrap}: {self.failures[:1] or 'timed out'}")
+
+    def _delivered(self, err, msg):
+        if err is not None:
+            self.failures.append(err)
+
+    def close(self) -> None:
+        self.producer.flush(10)
+        self.producer.close()
+
+
+class ParquetSink:
+    def __init__(self, spark: SparkSession, path: str):
+        self.spark, self.path = spark, path
+
+    def __call__(self, events: list) -> None:
+        if events:
+            self.spark.createDataFrame(events, EVENT_SCHEMA).write.mode("append") \
+                .parquet(self.path)
+
+    def close(self) -> None:
+        pass
+
+
+def start(spark: SparkSession, args) -> tuple:
+    """Start the streaming audit: (the StreamingQuery, its StreamAudit)."""
+    sinks = []
+    if args.missing_topic:
+        sinks.append(KafkaSink(args.bootstrap, args.missing_topic))
+    if args.missing_parquet:
+        sinks.append(ParquetSink(spark, args.missing_parquet))
+    os.makedirs(args.checkpoint, exist_ok=True)
+    auditor = StreamAudit(spark, args, sinks)
+    pattern = pattern_of(args)
+    if args.heartbeat_topic:
+        pattern = f"(?:{pattern})|{re.escape(args.heartbeat_topic)}"
+    rows = (spark.readStream.format(choose_format(spark, args.format))
+            .option("kafka.bootstrap.servers", args.bootstrap)
+            .option("subscribePattern", pattern).option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger)).load())
+    query = (rows.writeStream.foreachBatch(auditor)
+             .option("checkpointLocation", os.path.join(args.checkpoint, "spark"))
+             .trigger(**({"availableNow": True} if args.available_now else
+                         {"processingTime": f"{args.trigger_seconds} seconds"}))
+             .queryName("diode-verify").start())
+    return query, auditor
+
+
+def main(args) -> int:
+    """Audit until Ctrl-C/SIGTERM (or --run-seconds); exit 1 if ranges are still missing."""
+    if not args.checkpoint:
+        raise SystemExit("diode verify --stream needs --checkpoint DIR (Spark's checkpoint and "
+                         "the audit's ledger; a restart carries on from it)")
+    if args.source_bootstrap or args.manifest:
+        raise SystemExit("diode verify --stream: --source-bootstrap and --manifest are for "
+                         "batch audits; run one without --stream")
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append("SIGTERM"))
+    say(f"starting Spark ({args.master or 'spark-submit master or local[*]'})")
+    spark = session(args.master)
+    try:
+        query, auditor = start(spark, args)
+        say(f"streaming audit of {pattern_of(args)} on {args.bootstrap}: a batch every "
+            f"{args.trigger_seconds:g} s, checkpoint {args.checkpoint}; Ctrl-C stops")
+        deadline = time.monotonic() + args.run_seconds if args.run_seconds else None
+        try:
+            while not stop and query.isActive and (deadline is None
+                                                   or time.monotonic() < deadline):
+                query.awaitTermination(1)
+        except KeyboardInterrupt:
+            pass
+        query.stop()
+        auditor.close()
+        if query.exception() is not None:
+            say(f"the streaming query failed: {query.exception()}")
+            return 2
+    finally:
+        spark.stop()
+    rep = auditor.report()
+    say(f"stopped after batch {rep['batch']}: {auditor._open_text()}")
+    return 1 if rep["totals"]["missing"] else 0
