@@ -9,7 +9,8 @@ separated topics) or `subscribePattern` (a regular expression), `startingOffsets
 or JSON {"topic": {"0": 42}}), `endingOffsets` ("latest" or JSON, exclusive; batch only),
 `maxOffsetsPerTrigger` (streaming: at most this many records per micro-batch, shared out over
 the partitions by backlog, as Spark's own source does) and `maxRecordsPerPartition` (default
-1 000 000) to split large ranges over several tasks.
+1 000 000) to split large ranges over several tasks. `includeHeaders` is accepted for
+compatibility (callers pass it for the native source); the headers column is always there.
 
 `spark.read` gives a batch reader, `spark.readStream` a streaming one. Streaming offsets are
 {"topic": {"partition": next offset}}; partitions and topics that appear while the query runs
@@ -110,7 +111,8 @@ class _KafkaReader:
             return
         c = Consumer(kafka_config(self.options))
         c.assign([TopicPartition(split.topic, split.partition, split.start)])
-        cols = _empty()
+        cols = _Columns(split.topic, split.partition)
+        end = split.end
         try:
             done = False
             while not done:
@@ -121,29 +123,62 @@ class _KafkaReader:
                             done = True
                             break
                         raise RuntimeError(f"{split.topic}[{split.partition}]: {err}")
-                    if split.end is not None and m.offset() >= split.end:
+                    offset = m.offset()
+                    if end is not None and offset >= end:
                         done = True
                         break
-                    ts_type, ts = m.timestamp()
-                    cols["key"].append(m.key())
-                    cols["value"].append(m.value())
-                    cols["topic"].append(m.topic())
-                    cols["partition"].append(m.partition())
-                    cols["offset"].append(m.offset())
-                    cols["timestamp"].append(ts * 1000 if ts_type else None)  # µs
-                    cols["timestampType"].append(ts_type - 1 if ts_type else -1)
-                    cols["headers"].append([{"key": k, "value": v}
-                                            for k, v in (m.headers() or [])])
-                    if len(cols["offset"]) >= BATCH_ROWS:
-                        yield _batch(pa, cols)
-                        cols = _empty()
-                    if split.end is not None and m.offset() >= split.end - 1:
+                    cols.add(m, offset)
+                    if cols.rows >= BATCH_ROWS:
+                        yield cols.batch(pa)
+                        cols = _Columns(split.topic, split.partition)
+                    if end is not None and offset >= end - 1:
                         done = True
                         break
-            if cols["offset"]:
-                yield _batch(pa, cols)
+            if cols.rows:
+                yield cols.batch(pa)
         finally:
             c.close()
+
+
+class _Columns:
+    """One split's records, column by column (headers flattened), for an Arrow batch."""
+
+    def __init__(self, topic: str, partition: int):
+        self.topic, self.partition, self.rows = topic, partition, 0
+        self.keys, self.values, self.offsets, self.ts, self.ts_types = [], [], [], [], []
+        self.h_keys, self.h_values, self.h_ends = [], [], [0]
+
+    def add(self, m, offset: int) -> None:
+        self.keys.append(m.key())
+        self.values.append(m.value())
+        self.offsets.append(offset)
+        ts_type, ts = m.timestamp()
+        self.ts.append(ts * 1000 if ts_type else None)  # µs
+        self.ts_types.append(ts_type - 1 if ts_type else -1)
+        headers = m.headers()
+        if headers:
+            for k, v in headers:
+                self.h_keys.append(k)
+                self.h_values.append(v)
+        self.h_ends.append(len(self.h_keys))
+        self.rows += 1
+
+    def batch(self, pa):
+        n = self.rows
+        headers = pa.ListArray.from_arrays(
+            pa.array(self.h_ends, pa.int32()),
+            pa.StructArray.from_arrays([pa.array(self.h_keys, pa.string()),
+                                        pa.array(self.h_values, pa.binary())],
+                                       names=["key", "value"]))
+        return pa.RecordBatch.from_arrays([
+            pa.array(self.keys, pa.binary()), pa.array(self.values, pa.binary()),
+            pa.array([self.topic] * n, pa.string()),
+            pa.array([self.partition] * n, pa.int32()),
+            pa.array(self.offsets, pa.int64()),
+            pa.array(self.ts, pa.timestamp("us", tz="UTC")),
+            pa.array(self.ts_types, pa.int32()), headers,
+        ], names=["key", "value", "topic", "partition", "offset", "timestamp",
+                  "timestampType", "headers"])
 
 
 class KafkaBatchReader(_KafkaReader, DataSourceReader):
@@ -289,23 +324,6 @@ def cap(start: dict, end: dict, limit: int) -> dict:
     for tp in sorted(backlog, key=lambda tp: (-(limit * backlog[tp] % total), tp))[:left]:
         share[tp] += 1
     return {tp: start.get(tp, 0) + share[tp] for tp in end}
-
-
-def _empty() -> dict:
-    return {k: [] for k in ("key", "value", "topic", "partition", "offset", "timestamp",
-                            "timestampType", "headers")}
-
-
-def _batch(pa, cols):
-    header = pa.struct([("key", pa.string()), ("value", pa.binary())])
-    return pa.RecordBatch.from_arrays([
-        pa.array(cols["key"], pa.binary()), pa.array(cols["value"], pa.binary()),
-        pa.array(cols["topic"], pa.string()), pa.array(cols["partition"], pa.int32()),
-        pa.array(cols["offset"], pa.int64()),
-        pa.array(cols["timestamp"], pa.timestamp("us", tz="UTC")),
-        pa.array(cols["timestampType"], pa.int32()),
-        pa.array(cols["headers"], pa.list_(header)),
-    ], names=list(cols))
 
 
 def _offsets(spec: str):

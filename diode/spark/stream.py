@@ -244,7 +244,7 @@ def start(spark: SparkSession, args) -> tuple:
     if args.heartbeat_topic:
         pattern = f"(?:{pattern})|{re.escape(args.heartbeat_topic)}"
     rows = (spark.readStream.format(choose_format(spark, args.format))
-            .option("kafka.bootstrap.servers", args.bootstrap)
+            .option("kafka.bootstrap.servers", args.bootstrap).option("includeHeaders", "true")
             .option("subscribePattern", pattern).option("startingOffsets", "earliest")
             .option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger)).load())
     query = (rows.writeStream.foreachBatch(auditor)

@@ -50,6 +50,7 @@ def extract(spark: SparkSession, bootstrap: str, pattern: str, mode: str = "auto
     """The destination topics matching `pattern`, as Kafka rows."""
     fmt = choose_format(spark, mode)
     reader = spark.read.format(fmt).option("kafka.bootstrap.servers", bootstrap) \
+        .option("includeHeaders", "true") \
         .option("subscribePattern", pattern).option("startingOffsets", "earliest")
     for k, v in (kafka or {}).items():
         reader = reader.option(f"kafka.{k}", v)
@@ -62,6 +63,7 @@ def extract_heartbeats(spark: SparkSession, bootstrap: str, topic: str,
     said it had sent, from receiver.heartbeat.topic."""
     fmt = choose_format(spark, mode)
     rows = spark.read.format(fmt).option("kafka.bootstrap.servers", bootstrap) \
+        .option("includeHeaders", "true") \
         .option("subscribe", topic).option("startingOffsets", "earliest").load()
     sent = F.from_json(F.col("value").cast("string"),
                        "struct<lastSent: array<struct<topic: string, partition: int, "
@@ -80,16 +82,23 @@ def provenance(rows: DataFrame, written_at: str = "writtenAt") -> DataFrame:
     receiver wrote it (writtenAt, ms) and its end-to-end latency in ms (the `written_at` header, receiver.written.at.header, minus the
     source timestamp the record kept; null without the header). Rows without provenance (not
     written by diode) are left out."""
-    h = F.map_from_entries("headers")
-    stamp = h[written_at].cast("string").cast("long") if written_at else F.lit(None)
+    stamp = _header(written_at, "long") if written_at else F.lit(None).cast("long")
     return rows.select(
         "topic", "partition", "offset",
-        h["sourceTopic"].cast("string").alias("sourceTopic"),
-        h["sourcePartition"].cast("string").cast("int").alias("sourcePartition"),
-        h["sourceOffset"].cast("string").cast("long").alias("sourceOffset"),
-        stamp.cast("long").alias("writtenAt"),
-        (stamp - F.unix_millis("timestamp")).cast("long").alias("latencyMs"),
+        _header("sourceTopic", "string").alias("sourceTopic"),
+        _header("sourcePartition", "int").alias("sourcePartition"),
+        _header("sourceOffset", "long").alias("sourceOffset"),
+        stamp.alias("writtenAt"),
+        (stamp - F.unix_millis("timestamp")).alias("latencyMs"),
     ).where(F.col("sourceOffset").isNotNull())
+
+
+def _header(name: str, kind: str):
+    """The value of the last header called `name` (the receiver appends its own last: a record
+    that crossed two diodes keeps both provenances, and the nearer one counts), as `kind`; null
+    when absent or not a number. Kafka allows repeated header keys, so no map here."""
+    last = F.try_element_at(F.filter("headers", lambda h: h["key"] == F.lit(name)), F.lit(-1))
+    return last["value"].cast("string").try_cast(kind)
 
 
 def _quantiles():
@@ -116,13 +125,15 @@ def audit(p: DataFrame, heartbeats: DataFrame | None = None) -> DataFrame:
         arrival.rowsBetween(Window.unboundedPreceding, -1)))
     counts = late.groupBy(*key).agg(
         F.count("*").alias("records"),
-        F.countDistinct("sourceOffset").alias("distinct"),
         F.min("sourceOffset").alias("first"),
         F.max("sourceOffset").alias("last"),
         F.sum(F.when(F.col("sourceOffset") < F.col("prevMax"), 1).otherwise(0))
         .alias("outOfOrder"),
         _quantiles().alias("q"), F.max("latencyMs").alias("latencyMax"))
     offsets = p.select(*key, "sourceOffset").distinct()
+    # distinct offsets counted apart: beside percentile_approx, countDistinct would keep a
+    # percentile sketch per offset
+    counts = counts.join(offsets.groupBy(*key).agg(F.count("*").alias("distinct")), key)
     if heartbeats is not None:  # the tail the sender announced: a sentinel one past it
         tails = heartbeats.join(counts.select(*key, "last"), key) \
             .where(F.col("lastSent") > F.col("last")) \
@@ -158,13 +169,14 @@ def compare(source: DataFrame, destination: DataFrame,
             written_at: str = "writtenAt") -> DataFrame:
     """Record by record, against the source cluster (soak tests, pre-production): per source
     partition, records lost (in the source, not in the destination), duplicated (written more
-    than once) and altered (key, value or headers differ). The headers diode adds (provenance,
-    `written_at`) are left out of the comparison; the destination keeps the source's own
-    headers first, in order."""
+    than once) and altered (key, value or headers differ). The headers the receiver appends
+    (provenance, then `written_at`) are left out of the comparison; the destination keeps the
+    source's own headers first, in order."""
     key = ["sourceTopic", "sourcePartition", "sourceOffset"]
-    added = F.array(*[F.lit(h) for h in ("sourceTopic", "sourcePartition", "sourceOffset",
-                                           written_at) if h])
-    own = F.filter("headers", lambda h: ~F.array_contains(added, h["key"]))
+    # the receiver appends provenance (3 headers) and then `written_at`: drop those only
+    added = F.when(F.lit(bool(written_at)) & (F.try_element_at("headers", F.lit(-1))["key"]
+                                              == F.lit(written_at)), 4).otherwise(3)
+    own = F.slice("headers", F.lit(1), F.greatest(F.size("headers") - added, F.lit(0)))
     dst = with_provenance_rows(destination).select(
         *key, F.col("key").alias("dKey"), F.col("value").alias("dValue"),
         own.alias("dHeaders"))
@@ -192,12 +204,11 @@ def compare(source: DataFrame, destination: DataFrame,
 
 def with_provenance_rows(rows: DataFrame) -> DataFrame:
     """Destination rows with their provenance as columns (and their own columns kept)."""
-    h = F.map_from_entries("headers")
     return rows.select(
         "*",
-        h["sourceTopic"].cast("string").alias("sourceTopic"),
-        h["sourcePartition"].cast("string").cast("int").alias("sourcePartition"),
-        h["sourceOffset"].cast("string").cast("long").alias("sourceOffset"),
+        _header("sourceTopic", "string").alias("sourceTopic"),
+        _header("sourcePartition", "int").alias("sourcePartition"),
+        _header("sourceOffset", "long").alias("sourceOffset"),
     ).where(F.col("sourceOffset").isNotNull())
 
 
