@@ -9,7 +9,8 @@ separated topics) or `subscribePattern` (a regular expression), `startingOffsets
 or JSON {"topic": {"0": 42}}), `endingOffsets` ("latest" or JSON, exclusive; batch only),
 `maxOffsetsPerTrigger` (streaming: at most this many records per micro-batch, shared out over
 the partitions by backlog, as Spark's own source does) and `maxRecordsPerPartition` (default
-1 000 000) to split large ranges over several tasks. `includeHeaders` is accepted for
+1 000 000) to split large ranges over several tasks. `metadataTimeoutSeconds` (default 10)
+bounds the wait for the cluster's topic list. `includeHeaders` is accepted for
 compatibility (callers pass it for the native source); the headers column is always there.
 
 `spark.read` gives a batch reader, `spark.readStream` a streaming one. Streaming offsets are
@@ -83,10 +84,17 @@ class _KafkaReader:
             raise ValueError("diode_kafka: give subscribe or subscribePattern")
         self.options = options
         self.step = int(options.get("maxrecordsperpartition", 1_000_000))
+        self.metadata_timeout = float(options.get("metadatatimeoutseconds", 10))
 
     def _partitions(self, consumer) -> list[tuple[str, int]]:
         """The (topic, partition) pairs subscribed to, sorted."""
-        topics = consumer.list_topics(timeout=10).topics
+        from confluent_kafka import KafkaException
+        try:
+            topics = consumer.list_topics(timeout=self.metadata_timeout).topics
+        except KafkaException as e:
+            raise RuntimeError(
+                f"diode_kafka: cannot list the topics of {self.options['kafka.bootstrap.servers']}"
+                f" (is the cluster up and reachable from the driver?): {e}") from e
         names = [t for t in self.options.get("subscribe", "").split(",") if t]
         pattern = self.options.get("subscribepattern")
         return [(t, p) for t in sorted(topics)

@@ -266,9 +266,25 @@ def pattern_of(args) -> str:
 
 def main(args) -> int:
     """`diode verify`: exit 0 when nothing is missing (or lost or altered), 1 otherwise."""
-    if args.stream:
-        from diode.spark.stream import main as stream_main
-        return stream_main(args)
+    try:
+        if args.stream:
+            from diode.spark.stream import main as stream_main
+            return stream_main(args)
+        return audit_once(args)
+    except Exception as e:  # Spark wraps planner and executor errors: show the cause first
+        say(f"failed: {cause(e)}")
+        return 2
+
+
+def cause(e: Exception) -> str:
+    """The line of a (Spark-wrapped) error that says what went wrong."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    ours = [ln for ln in lines if "diode_kafka:" in ln or "diode verify" in ln]
+    return (ours or lines or [type(e).__name__])[-1][:1000]
+
+
+def audit_once(args) -> int:
+    """The batch audit: the table, the JSON report, the manifest; 1 when anything is missing."""
     started = time.monotonic()
     say(f"starting Spark ({args.master or 'spark-submit master or local[*]'})")
     spark = session(args.master)

@@ -1,4 +1,4 @@
-"""The streaming audit's ledger and the stream reader's per-trigger cap, as pure logic."""
+"""Pure logic of the verification plane: the streaming ledger, the per-trigger cap, errors."""
 
 import json
 from itertools import pairwise
@@ -99,3 +99,15 @@ def test_the_trigger_cap_shares_records_by_backlog():
     odd = cap({("a", 0): 0, ("a", 1): 0, ("a", 2): 0}, {("a", 0): 10, ("a", 1): 10,
                                                           ("a", 2): 10}, 10)
     assert sum(odd.values()) == 10 and max(odd.values()) - min(odd.values()) == 1
+
+
+def test_an_unreachable_cluster_is_a_clear_error_not_an_empty_audit():
+    import pytest
+
+    from diode.spark.kafka_source import KafkaBatchReader
+    from tests.conftest import free_port
+    bootstrap = f"127.0.0.1:{free_port()}"  # nothing listens there
+    reader = KafkaBatchReader({"kafka.bootstrap.servers": bootstrap, "subscribe": "t",
+                               "metadatatimeoutseconds": "2"})
+    with pytest.raises(RuntimeError, match=f"cannot list the topics of {bootstrap}"):
+        reader.partitions()
