@@ -1,9 +1,10 @@
 """kafka_writer: writes records to the destination cluster, with their provenance.
 
 A record keeps key, value, headers and timestamp and gains sourceTopic, sourcePartition and
-sourceOffset (UTF-8 strings), then receiver.written.at.header (when it was written). It goes to prefix + source topic (or receiver.topic.rename) on the
-same partition number when the destination topic has enough partitions. A destination topic that
-does not exist is created with the source topic's partition count.
+sourceOffset (UTF-8 strings), then receiver.written.at.header (when it was written). It goes to
+prefix + source topic (or receiver.topic.rename) on the same partition number when the
+destination topic has enough partitions. A destination topic that does not exist is created with
+the source topic's partition count.
 
 The writer owns its source partitions' order, duplicates and gaps (diode.ordering): records are
 held up to receiver.reorder.wait.ms to restore source order, duplicates are dropped, and missing
@@ -150,8 +151,8 @@ class Stage(BaseStage):
                 "senderTime": beat.get("time_ms"), "receivedAt": int(time.time() * 1000),
                 "reader": beat.get("reader"), "session": beat["session"],
                 "partitions": len(beat["partitions"]), "counters": beat.get("counters", {}),
-                "lastSent": [{"topic": t, "partition": p, "offset": last}
-                             for t, p, _, last in beat["partitions"]]})
+                "lastSent": [{"topic": t, "partition": p, "offset": last, "chainStart": start}
+                             for t, p, start, last in beat["partitions"]]})
 
     def _produce_event(self, topic: str, key: str, event: dict) -> None:
         while True:

@@ -48,7 +48,7 @@ def summarize(p: DataFrame, known: DataFrame | None = None) -> DataFrame:
         F.sum(F.when(F.col("sourceOffset") < F.col("prevMax"), 1).otherwise(0))
         .alias("outOfOrder"),
         _quantiles().alias("q"), F.max("latencyMs").alias("latencyMax"),
-        F.max("writtenAt").alias("written"))
+        F.max("writtenAt").alias("written"), F.min("offset").alias("destinationFirst"))
     island = F.col("sourceOffset") - F.row_number().over(
         Window.partitionBy(*KEY).orderBy("sourceOffset"))
     runs = (p.select(*KEY, "sourceOffset").distinct()
@@ -61,18 +61,20 @@ def summarize(p: DataFrame, known: DataFrame | None = None) -> DataFrame:
 
 
 def claims(beats: DataFrame) -> DataFrame:
-    """(sourceTopic, sourcePartition, lastSent, receivedAt) from heartbeat records
-    (receiver.heartbeat.topic): the highest offset claimed, and when the receiver got it."""
+    """(sourceTopic, sourcePartition, lastSent, receivedAt, firstSent) from heartbeat records
+    (receiver.heartbeat.topic): the highest offset claimed and when the receiver got it, and
+    the earliest chain start."""
     beat = F.from_json(F.col("value").cast("string"),
                        "struct<receivedAt: long, lastSent: array<struct<topic: string, "
-                       "partition: int, offset: long>>>")
+                       "partition: int, offset: long, chainStart: long>>>")
     latest = F.max(F.struct(F.col("s.offset").alias("lastSent"), F.col("receivedAt")))
     return (beats.select(beat["receivedAt"].alias("receivedAt"),
                          F.explode(beat["lastSent"]).alias("s"))
             .groupBy(F.col("s.topic").alias("sourceTopic"),
                      F.col("s.partition").alias("sourcePartition"))
-            .agg(latest.alias("c"))
-            .select("sourceTopic", "sourcePartition", "c.lastSent", "c.receivedAt"))
+            .agg(latest.alias("c"), F.min("s.chainStart").alias("firstSent"))
+            .select("sourceTopic", "sourcePartition", "c.lastSent", "c.receivedAt",
+                    "firstSent"))
 
 
 # -- the driver's side: ledgers, events, checkpoint ----------------------------------------------
@@ -120,9 +122,11 @@ class StreamAudit:
         now = int(time.time() * 1000)
         for r in rows:
             self._ledger(r.sourceTopic, r.sourcePartition).add(
-                [(x.first, x.last) for x in r.runs], r.records, r.outOfOrder, r.written)
+                [(x.first, x.last) for x in r.runs], r.records, r.outOfOrder, r.written,
+                r.destinationFirst)
         for b in beats:
-            self._ledger(b.sourceTopic, b.sourcePartition).claim(b.lastSent, b.receivedAt, now)
+            self._ledger(b.sourceTopic, b.sourcePartition).claim(b.lastSent, b.receivedAt, now,
+                                                                 b.firstSent)
         events = []
         for (topic, partition), led in sorted(self.ledgers.items()):
             missing, filled = led.settle(now, caught_up)

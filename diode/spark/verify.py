@@ -59,29 +59,29 @@ def extract(spark: SparkSession, bootstrap: str, pattern: str, mode: str = "auto
 
 def extract_heartbeats(spark: SparkSession, bootstrap: str, topic: str,
                        mode: str = "auto") -> DataFrame:
-    """(sourceTopic, sourcePartition, lastSent): the highest offset the sender's heartbeats
-    said it had sent, from receiver.heartbeat.topic."""
+    """(sourceTopic, sourcePartition, firstSent, lastSent) from receiver.heartbeat.topic: where
+    the sender's earliest chain started and the highest offset it said it had sent."""
     fmt = choose_format(spark, mode)
     rows = spark.read.format(fmt).option("kafka.bootstrap.servers", bootstrap) \
         .option("includeHeaders", "true") \
         .option("subscribe", topic).option("startingOffsets", "earliest").load()
     sent = F.from_json(F.col("value").cast("string"),
                        "struct<lastSent: array<struct<topic: string, partition: int, "
-                       "offset: long>>>")
+                       "offset: long, chainStart: long>>>")
     return (rows.select(F.explode(sent["lastSent"]).alias("s"))
             .groupBy(F.col("s.topic").alias("sourceTopic"),
                      F.col("s.partition").alias("sourcePartition"))
-            .agg(F.max("s.offset").alias("lastSent")))
+            .agg(F.min("s.chainStart").alias("firstSent"), F.max("s.offset").alias("lastSent")))
 
 
 # -- transform -----------------------------------------------------------------------------------
 
 def provenance(rows: DataFrame, written_at: str = "writtenAt") -> DataFrame:
-    """Destination rows reduced to what the audit needs: where each record sits (topic,
-    partition, offset), where it came from (sourceTopic, sourcePartition, sourceOffset), when the
-    receiver wrote it (writtenAt, ms) and its end-to-end latency in ms (the `written_at` header, receiver.written.at.header, minus the
-    source timestamp the record kept; null without the header). Rows without provenance (not
-    written by diode) are left out."""
+    """Destination rows reduced to what the audit needs: where each record sits (topic, partition,
+    offset), where it came from (sourceTopic, sourcePartition, sourceOffset), when the
+    receiver wrote it (writtenAt, ms) and its end-to-end latency in ms (the `written_at`
+    header, receiver.written.at.header, minus the source timestamp the record kept; null
+    without the header). Rows without provenance (not written by diode) are left out."""
     stamp = _header(written_at, "long") if written_at else F.lit(None).cast("long")
     return rows.select(
         "topic", "partition", "offset",
@@ -114,17 +114,18 @@ def _latency_columns(agg: str = "q") -> list:
 
 def audit(p: DataFrame, heartbeats: DataFrame | None = None) -> DataFrame:
     """Per source partition, from `provenance` rows: records, distinct offsets, duplicates,
-    first and last offsets, missing ranges (holes between the first offset seen and the last
-    one seen or announced by heartbeats), out-of-order arrivals (a record written after a later
-    one of its partition), and latency percentiles and maximum in ms. Offsets of compacted
-    topics are not contiguous: there a hole may be a record that never existed; `compare`
-    against the source cluster settles it."""
+    first and last offsets, missing ranges (holes from the first offset seen, or where the
+    sender's chain started by its heartbeats, to the last one seen or announced), out-of-order
+    arrivals (a record written after a later one of its partition), and latency percentiles
+    and maximum in ms. Offsets of compacted topics are not contiguous: there a hole may be a
+    record that never existed; `compare` against the source cluster settles it."""
     key = ["sourceTopic", "sourcePartition"]
     arrival = Window.partitionBy("topic", "partition", *key).orderBy("offset")
     late = p.withColumn("prevMax", F.max("sourceOffset").over(
         arrival.rowsBetween(Window.unboundedPreceding, -1)))
     counts = late.groupBy(*key).agg(
         F.count("*").alias("records"),
+        F.min("offset").alias("destinationFirst"),
         F.min("sourceOffset").alias("first"),
         F.max("sourceOffset").alias("last"),
         F.sum(F.when(F.col("sourceOffset") < F.col("prevMax"), 1).otherwise(0))
@@ -134,11 +135,16 @@ def audit(p: DataFrame, heartbeats: DataFrame | None = None) -> DataFrame:
     # distinct offsets counted apart: beside percentile_approx, countDistinct would keep a
     # percentile sketch per offset
     counts = counts.join(offsets.groupBy(*key).agg(F.count("*").alias("distinct")), key)
-    if heartbeats is not None:  # the tail the sender announced: a sentinel one past it
-        tails = heartbeats.join(counts.select(*key, "last"), key) \
-            .where(F.col("lastSent") > F.col("last")) \
+    if heartbeats is not None:  # what the sender announced: sentinels just outside it
+        known = heartbeats.join(counts.select(*key, "first", "last", "destinationFirst"), key)
+        tails = known.where(F.col("lastSent") > F.col("last")) \
             .select(*key, (F.col("lastSent") + 1).alias("sourceOffset"))
-        offsets = offsets.unionByName(tails)
+        # a head only where the destination partition still starts at offset 0: past its
+        # retention (or compaction) the earliest records are gone, not missing
+        heads = known.where((F.col("firstSent") < F.col("first"))
+                            & (F.col("destinationFirst") == 0)) \
+            .select(*key, (F.col("firstSent") - 1).alias("sourceOffset"))
+        offsets = offsets.unionByName(tails).unionByName(heads)
     gaps = (offsets
             .withColumn("prev", F.lag("sourceOffset").over(
                 Window.partitionBy(*key).orderBy("sourceOffset")))
@@ -271,7 +277,7 @@ def main(args) -> int:
             from diode.spark.stream import main as stream_main
             return stream_main(args)
         return audit_once(args)
-    except Exception as e:  # Spark wraps planner and executor errors: show the cause first
+    except Exception as e:  # noqa: BLE001 - Spark wraps planner and executor errors: show the cause
         say(f"failed: {cause(e)}")
         return 2
 

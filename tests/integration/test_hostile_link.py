@@ -157,6 +157,9 @@ def test_captured_datagrams_replayed_truncated_or_flipped_write_nothing(link):
     # link liveness, with what the sender has sent
     assert any(b["partitions"] == 1 and b["counters"]["records"] >= 500 and b["session"]
                for b in beats)
+    # and where its chain started (diode verify reads a lost head and tail from these)
+    assert {"topic": "src", "partition": 0, "offset": 499, "chainStart": 0} in \
+        [s for b in beats for s in b["lastSent"]]
     assert lk.sender.stop() == 0  # nothing more crosses: what was captured is all there is
     time.sleep(1)
     captured = list(cap.datagrams)

@@ -25,7 +25,8 @@ def origin(topic, partition, offset):
 def plant(bootstrap):
     """dst_a: source a[0] offsets 0..19 without 3,4 and 15, with 7 twice and 9 before 8;
     source a[1] offsets 0..4 complete, written 10, 20, 30, 40 and 50 ms after their source
-    timestamps, one with repeated and upstream headers. dst_b: source b[0] 100..104 complete."""
+    timestamps, one with repeated and upstream headers. dst_b: source b[0] 100..104, while the
+    heartbeats say the sender's chain started at 97 (a lost head: 97..99)."""
     create_topic(bootstrap, "dst_a", 2)
     order = [o for o in range(20) if o not in (3, 4, 15)]
     i, j = order.index(8), order.index(9)
@@ -47,8 +48,8 @@ def plant(bootstrap):
     produce(bootstrap, "not_replicated", [{"value": b"no provenance"}])
     create_topic(bootstrap, "beats", 1)
     produce(bootstrap, "beats", [{"value": json.dumps({"lastSent": [
-        {"topic": "a", "partition": 0, "offset": 22},
-        {"topic": "b", "partition": 0, "offset": 104}]}).encode()}])
+        {"topic": "a", "partition": 0, "offset": 22, "chainStart": 0},
+        {"topic": "b", "partition": 0, "offset": 104, "chainStart": 97}]}).encode()}])
 
 
 def test_python_kafka_source_reads_every_record_with_the_native_schema(spark, brokers):
@@ -92,13 +93,16 @@ def test_audit_names_exactly_the_planted_gaps_duplicates_and_reordering(spark, b
     assert a0["outOfOrder"] == 2  # 8 after 9, and the second 7
     assert (by[("a", 1)]["missing"], by[("a", 1)]["outOfOrder"], by[("a", 1)]["last"]) == \
         (0, 0, 4)
-    assert (by[("b", 0)]["first"], by[("b", 0)]["missing"]) == (100, 0)
+    b0 = by[("b", 0)]  # the head the heartbeats' chain start says was sent
+    assert (b0["first"], b0["missing"], b0["missingRanges"]) == (100, 3, [{"first": 97,
+                                                                            "last": 99}])
     a1 = by[("a", 1)]  # end-to-end latency, from the writtenAt header and the timestamp
     assert (a1["latencyP50"], a1["latencyP99"], a1["latencyMax"]) == (30, 50, 50)
     assert a0["latencyP50"] is None  # no writtenAt header: no latency, rather than a guess
     assert latency(p) == {"p50": 30, "p90": 50, "p99": 50, "max": 50}
     assert manifest(rep) == {"version": 1, "missing": [
-        {"topic": "a", "partition": 0, "ranges": [[3, 4], [15, 15], [20, 22]]}]}
+        {"topic": "a", "partition": 0, "ranges": [[3, 4], [15, 15], [20, 22]]},
+        {"topic": "b", "partition": 0, "ranges": [[97, 99]]}]}
 
 
 def test_verify_command_prints_the_table_and_exits_1_when_records_are_missing(brokers,
@@ -117,7 +121,7 @@ def test_verify_command_prints_the_table_and_exits_1_when_records_are_missing(br
     assert "a[0]" in r.stdout and "3..4, 15..15, 20..22" in r.stdout
     # b[0] holds offsets 0..104 at the source; the destination has only 100..104
     assert "against the source: 100 lost, 0 duplicated, 0 altered" in r.stdout
-    assert json.loads(out.read_text())["totals"]["missing"] == 6
+    assert json.loads(out.read_text())["totals"]["missing"] == 9
     assert json.loads((tmp_path / "manifest.json").read_text())["missing"][0]["ranges"] == [
         [3, 4], [15, 15], [20, 22]]
 
@@ -203,7 +207,7 @@ def test_streaming_audit_reports_missing_ranges_then_fills_and_carries_on_after_
         # several micro-batches (10 records each at most), the same answer as the batch audit
         assert len([p for p in q.recentProgress if p["numInputRows"]]) >= 3
         assert events() == [("missing", "a", 0, 3, 4), ("missing", "a", 0, 15, 15),
-                            ("missing", "a", 0, 20, 22)]
+                            ("missing", "a", 0, 20, 22), ("missing", "b", 0, 97, 99)]
         rep = json.loads((tmp_path / "now.json").read_text())
         a0 = next(r for r in rep["partitions"] if r["sourcePartition"] == 0
                   and r["sourceTopic"] == "a")
@@ -228,13 +232,15 @@ def test_streaming_audit_reports_missing_ranges_then_fills_and_carries_on_after_
         auditor.close()
     assert events() == [("filled", "a", 0, 3, 4), ("filled", "a", 0, 15, 15),
                         ("missing", "a", 0, 3, 4), ("missing", "a", 0, 15, 15),
-                        ("missing", "a", 0, 20, 22)]
+                        ("missing", "a", 0, 20, 22), ("missing", "b", 0, 97, 99)]
     assert [(r["sourceTopic"], r["missingRanges"]) for r in auditor.report()["partitions"]
-            if r["missingRanges"]] == [("a", [{"first": 20, "last": 22}])]
+            if r["missingRanges"]] == [("a", [{"first": 20, "last": 22}]),
+                                       ("b", [{"first": 97, "last": 99}])]
     # the same events went to the missing-records topic
-    sent = [json.loads(m.value()) for m in consume(dst.bootstrap, "audit-missing", 5)]
+    sent = [json.loads(m.value()) for m in consume(dst.bootstrap, "audit-missing", 6)]
     assert sorted((e["type"], e["firstOffset"]) for e in sent) == [
-        ("filled", 3), ("filled", 15), ("missing", 3), ("missing", 15), ("missing", 20)]
+        ("filled", 3), ("filled", 15), ("missing", 3), ("missing", 15), ("missing", 20),
+        ("missing", 97)]
 
 
 def test_spark_submit_runs_an_incremental_streaming_audit_that_carries_on(brokers, tmp_path):
@@ -264,12 +270,30 @@ def test_spark_submit_runs_an_incremental_streaming_audit_that_carries_on(broker
     # progress, batch by batch (spark-submit puts the driver's stderr on its stdout)
     assert "diode verify: batch 0:" in first.stdout + first.stderr
     rep = json.loads(report_path.read_text())
-    assert rep["totals"]["missing"] == 6
+    assert rep["totals"]["missing"] == 9
     produce(dst.bootstrap, "dst_a", [{"value": b"a0-%d" % o, "partition": 0,
                                       "headers": origin("a", 0, o)}
                                      for o in (3, 4, 15, 20, 21, 22)])
+    produce(dst.bootstrap, "dst_b", [{"value": b"b", "headers": origin("b", 0, o)}
+                                     for o in (97, 98, 99)])
     second = run()
     assert second.returncode == 0, second.stderr[-3000:]
     assert "carrying on from batch" in second.stdout + second.stderr
     rep = json.loads(report_path.read_text())
-    assert rep["totals"]["missing"] == 0 and rep["totals"]["records"] == 34
+    assert rep["totals"]["missing"] == 0 and rep["totals"]["records"] == 37
+
+
+def test_audit_reports_a_lost_head_only_where_the_destination_still_starts_at_zero(spark):
+    """audit() alone, on provenance rows: x[0] sits in a destination partition that starts at
+    offset 0, y[0] in one whose first records are gone (retention): the same heartbeat claim,
+    chain started at 0, is a lost head for x and nothing for y."""
+    schema = ("topic string, partition int, offset long, sourceTopic string, "
+              "sourcePartition int, sourceOffset long, writtenAt long, latencyMs long")
+    rows = [("dx", 0, o - 10, "x", 0, o, None, None) for o in range(10, 15)]
+    rows += [("dy", 0, o + 90, "y", 0, o, None, None) for o in range(10, 15)]
+    beats = spark.createDataFrame([("x", 0, 0, 14), ("y", 0, 0, 14)],
+                                  "sourceTopic string, sourcePartition int, firstSent long, "
+                                  "lastSent long")
+    rep = report(audit(spark.createDataFrame(rows, schema), beats))
+    assert {r["sourceTopic"]: r["missingRanges"] for r in rep["partitions"]} == {
+        "x": [{"first": 0, "last": 9}], "y": []}

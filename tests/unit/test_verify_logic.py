@@ -54,6 +54,24 @@ def test_a_heartbeat_claim_reports_the_tail_only_after_the_grace():
     assert led.open_ranges() == []
 
 
+def test_a_heartbeat_chain_start_reports_a_lost_head():
+    led = PartitionLedger(grace_ms=0)
+    led.add([(5, 9)], records=5, out_of_order=0)
+    led.claim(9, None, 0, chain_start=0)  # the sender started at 0: 0..4 never came
+    assert led.settle(0) == ([(0, 4)], [])
+    led.claim(12, None, 1, chain_start=3)  # a later chain (a restart) changes nothing below
+    led.add([(10, 12)], records=3, out_of_order=0)
+    assert led.settle(1) == ([], [])
+    assert led.open_ranges() == [(0, 4)] and led.head == 0
+
+
+def test_no_lost_head_is_reported_past_the_destinations_retention():
+    led = PartitionLedger(grace_ms=0)
+    led.add([(500, 509)], records=10, out_of_order=0, destination_first=1200)
+    led.claim(509, None, 0, chain_start=0)  # 0..499 were written, then deleted by retention
+    assert led.settle(0) == ([], [])
+
+
 def test_a_claim_is_judged_by_write_time_while_catching_up_on_history():
     led = PartitionLedger(grace_ms=1000)
     led.add([(0, 9)], records=10, out_of_order=0, written=5_000)
