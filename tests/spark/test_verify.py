@@ -175,6 +175,22 @@ def test_stream_reader_caps_each_micro_batch_and_picks_up_new_records(spark, bro
         q.stop()
     values = [int(r.value) for r in spark.sql("select value from capped").collect()]
     assert sorted(values) == list(range(3500))  # each once, to the real end of partition
+    # startingOffsets latest: from the real end (this broker's ListOffsets says less), so
+    # only what comes after the start
+    q = (spark.readStream.format(choose_format(spark, "python"))
+         .option("kafka.bootstrap.servers", src.bootstrap).option("subscribe", "t")
+         .option("startingOffsets", "latest").load()
+         .writeStream.format("memory").queryName("latest")
+         .option("checkpointLocation", str(tmp_path / "ck-latest")).start())
+    try:
+        q.processAllAvailable()
+        produce(src.bootstrap, "t", [{"value": b"%d" % i, "partition": i % 3}
+                                     for i in range(3500, 3600)])
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    values = [int(r.value) for r in spark.sql("select value from latest").collect()]
+    assert sorted(values) == list(range(3500, 3600))
 
 
 def stream_args(tmp_path, bootstrap, **kw):
