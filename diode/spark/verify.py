@@ -12,6 +12,7 @@ are pure DataFrame -> DataFrame functions with known-answer tests.
 """
 
 import json
+import logging
 import os
 import re
 import sys
@@ -29,6 +30,7 @@ MISSING = "array<struct<first: long, last: long>>"
 def session(master: str | None = None, app: str = "diode verify") -> SparkSession:
     """The SparkSession: `master` if given; else spark-submit's (--master), else local[*]."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # not its INFO chatter at exit
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # started by spark-submit
     builder = SparkSession.builder.appName(app) \
         .config("spark.ui.showConsoleProgress", "true")
