@@ -14,6 +14,11 @@ after `wait` reports the tail as missing the same way, so loss at the end and a 
 seen too. Records at or below the frontier are duplicates, unless they fall in a range reported
 missing: then they fill it (late arrivals, operator resends) and the fill is reported.
 
+A late arrival from the chain (not a resend) shows the wait was too short for this receiver (a
+busy machine: two packers' datagrams cross different unpackers and queues): the wait becomes
+twice what that record needed, up to `max_wait`, so a loaded receiver stops raising false
+alarms after the first.
+
 Memory is bounded: records waiting for a predecessor (`max_pending`; beyond it the oldest gap is
 resolved at once), reported gaps remembered for late fills (`max_gaps`), heartbeat claims.
 Pure logic, after MirrorMaker 2's PartitionState: no clock, no I/O.
@@ -47,8 +52,11 @@ def _key(r: Record) -> int:
 
 class PartitionState:
     def __init__(self, wait: float, max_pending: int = 100_000, max_gaps: int = 10_000,
-                 frontier: int | None = None):
+                 frontier: int | None = None, max_wait: float | None = None):
         self.wait = wait
+        self.max_wait = max(wait, max_wait if max_wait is not None else wait)
+        self._now = 0.0
+        self._reports: deque = deque(maxlen=max_gaps)  # (first, last, when, wait) reported
         self.max_pending = max_pending
         self.max_gaps = max_gaps
         self.frontier = frontier
@@ -67,6 +75,7 @@ class PartitionState:
 
     def offer(self, r: Record, now: float) -> Update:
         u = Update([], [], [])
+        self._now = now
         if r.prev_offset == RESEND:
             # An operator's resend (`diode resend`): these records were found missing. One in a
             # reported gap fills it; any other is written as well, since this state may not
@@ -86,6 +95,8 @@ class PartitionState:
             return u
         if self.frontier is not None and r.offset <= self.frontier:
             self._late(r, u)
+            if u.filled:
+                self._widen(now, u.filled)
             return u
         if r.offset in self.pending:
             self.duplicates += 1
@@ -96,6 +107,8 @@ class PartitionState:
         self._release(u)
         while len(self.pending) > self.max_pending:
             self._force(u)
+        if u.filled:
+            self._widen(now, u.filled)
         return u
 
     def heartbeat(self, chain_start: int, last_sent: int, now: float) -> None:
@@ -110,6 +123,7 @@ class PartitionState:
     def expire(self, now: float) -> Update:
         """Resolve what has waited `wait` seconds: gaps before waiting records, claimed tails."""
         u = Update([], [], [])
+        self._now = now
         while self.pending:
             while self._arrivals and self._arrivals[0][1] not in self.pending:
                 self._arrivals.popleft()
@@ -125,6 +139,8 @@ class PartitionState:
                 self._report(Missing(self.frontier + 1, last, "tail"), u)
                 self.frontier = last
                 self._release(u)
+        if u.filled:
+            self._widen(now, u.filled)
         return u
 
     @property
@@ -167,12 +183,25 @@ class PartitionState:
             self.frontier = need
         self._release(u)
 
+    def _widen(self, now: float, filled: list) -> None:
+        """Gaps reported too early were filled by the chain: wait longer (see the module)."""
+        if self.wait >= self.max_wait:
+            return
+        late = 0.0
+        for offset in filled:
+            for first, last, when, waited in reversed(self._reports):
+                if first <= offset <= last:
+                    late = max(late, now - when + waited)  # how long it really took
+                    break
+        self.wait = min(self.max_wait, max(self.wait, 2 * late))
+
     def _anchor(self) -> None:
         if self.frontier is None and self.anchor is not None:
             self.frontier = self.anchor - 1
 
     def _report(self, m: Missing, u: Update) -> None:
         u.missing.append(m)
+        self._reports.append((m.first, m.last, self._now, self.wait))
         self.gaps.append([m.first, m.last])  # always above earlier gaps: the frontier only rises
         if len(self.gaps) > self.max_gaps:
             del self.gaps[0]

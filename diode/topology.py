@@ -208,6 +208,11 @@ class ReceiverSettings:
         "arrived, to write in source order; then the records between are reported missing. "
         "Also how long a heartbeat's claim waits before a missing tail is reported.",
         non_negative)
+    reorder_wait_max_ms: float = setting(
+        10000.0, "A record that fills a gap already reported missing (it was only late: a busy "
+        "receiver, datagrams of one partition crossing different unpackers) doubles that "
+        "partition's wait, at most once per wait, up to this. Equal to reorder.wait.ms: never.",
+        non_negative)
     missing_records_topic: str = setting(
         "", "Destination topic for missing ranges (JSON: sourceTopic, sourcePartition, "
         "firstOffset, lastOffset, reason, detectedAt) and later fills; empty: log only.")

@@ -48,6 +48,7 @@ class Stage(BaseStage):
         self.states: dict = {}            # (topic, partition) -> PartitionState
         self.next_expire = 0.0
         self.last_beat = None             # when the last sender heartbeat arrived (writer 0)
+        self.fills: dict = {}             # (topic, partition) -> offsets filled late, this step
         self.beat_interval = 1.0
         self.link_silent = False
 
@@ -82,11 +83,20 @@ class Stage(BaseStage):
             for t, p, chain_start, last_sent in claims:
                 self._state(t, p).heartbeat(chain_start, last_sent, now)
             for r in records:
-                self._apply(r.topic, r.partition, self._state(r.topic, r.partition).offer(r, now))
+                state = self._state(r.topic, r.partition)
+                wait = state.wait
+                self._apply(r.topic, r.partition, state.offer(r, now), wait)
             for beat in beats:
                 self._beat(beat)
+        self._report_fills()
         self._produce_backlog()
         return True
+
+    def _report_fills(self) -> None:
+        for (topic, partition), offsets in self.fills.items():
+            for first, last in runs(offsets):
+                self._event("filled", topic, partition, first, last, "late")
+        self.fills.clear()
 
     # -- order, duplicates, gaps (diode.ordering) ----------------------------------------------
 
@@ -94,20 +104,29 @@ class Stage(BaseStage):
         state = self.states.get((topic, partition))
         if state is None:
             state = self.states[(topic, partition)] = PartitionState(
-                self.t.receiver.reorder_wait_ms / 1000)
+                self.t.receiver.reorder_wait_ms / 1000,
+                max_wait=self.t.receiver.reorder_wait_max_ms / 1000)
         return state
 
-    def _apply(self, topic: str, partition: int, u) -> None:
+    def _apply(self, topic: str, partition: int, u, wait: float | None = None) -> None:
         self.backlog.extend(u.writes)
         for m in u.missing:
             self._event("missing", topic, partition, m.first, m.last, m.reason)
-        for offset in u.filled:
-            self._event("filled", topic, partition, offset, offset, "late")
+        if u.filled:  # reported per run of offsets, once per step (_report_fills)
+            self.fills.setdefault((topic, partition), []).extend(u.filled)
+        state = self.states[(topic, partition)]
+        if wait is not None and state.wait > wait:
+            self.metrics.inc("reorder_wait_widened")
+            self.log.warning("%s[%d]: records arrive later than the reorder wait: now waiting "
+                             "%.1f s before reporting a gap (receiver.reorder.wait.max.ms)",
+                             topic, partition, state.wait)
 
     def _expire(self, now: float) -> None:
         for (t, p), state in self.states.items():
             if state.busy:
-                self._apply(t, p, state.expire(now))
+                wait = state.wait
+                self._apply(t, p, state.expire(now), wait)
+        self._report_fills()
         self.metrics.set("duplicates", sum(s.duplicates for s in self.states.values()))
         self.metrics.set("pending_records", sum(len(s.pending) for s in self.states.values()))
         if self.last_beat is not None and not self.link_silent and not self.stopping and \
@@ -127,9 +146,9 @@ class Stage(BaseStage):
                              "lost on the link" if reason == "gap" else
                              "sent before the last heartbeat, never arrived")
         else:
-            self.metrics.inc("late_records")
-            self.log.info("late record %s[%d]@%d filled a missing range", topic, partition,
-                          first)
+            self.metrics.inc("late_records", last - first + 1)
+            self.log.info("late records %s[%d]@%d..%d filled a missing range", topic, partition,
+                          first, last)
         if self.t.receiver.missing_records_topic:
             event = {"type": kind, "sourceTopic": topic, "sourcePartition": partition,
                      "firstOffset": first, "lastOffset": last, "reason": reason,
@@ -237,3 +256,14 @@ class Stage(BaseStage):
 
     def close(self):
         self.producer.flush(1)
+
+
+def runs(offsets: list) -> list:
+    """Offsets as (first, last) runs of consecutive ones, ascending."""
+    out = []
+    for o in sorted(offsets):
+        if out and o == out[-1][1] + 1:
+            out[-1][1] = o
+        else:
+            out.append([o, o])
+    return [tuple(r) for r in out]

@@ -5,7 +5,7 @@ import random
 from hypothesis import given, settings, strategies as st
 
 from diode.ordering import Missing, PartitionState
-from diode.records import Record
+from diode.records import RESEND, Record
 
 
 def chain(offsets, start_chain=True):
@@ -177,3 +177,35 @@ def test_a_chain_start_arriving_after_the_wait_is_written_not_taken_for_duplicat
     w2, m2, filled = feed(s, recs[:10] + recs[:3], t=2.0)
     assert [r.offset for r in w2] == list(range(10)) and filled == [] and m2 == []
     assert s.duplicates == 3
+
+
+def test_a_gap_filled_late_by_the_chain_makes_the_wait_twice_what_it_needed_up_to_the_max():
+    s = PartitionState(wait=0.5, max_wait=2.0)
+    recs = chain(range(40))
+    feed(s, recs[:3] + recs[5:10], t=0.0)
+    assert s.expire(0.5).missing == [Missing(3, 4, "gap")]  # a false alarm: 3, 4 were late
+    _, _, filled = feed(s, [recs[3], recs[4]], t=0.7)
+    assert filled == [3, 4] and s.wait == 1.4  # twice the 0.7 s they needed
+    feed(s, recs[12:15], t=1.0)  # 10, 11 late again, but within the longer wait
+    assert s.expire(1.9).missing == []
+    writes, missing, _ = feed(s, recs[10:12], t=1.95)
+    assert missing == [] and [r.offset for r in writes] == [10, 11, 12, 13, 14]
+    feed(s, recs[16:18], t=2.0)  # 15 late past even the longer wait: reported ...
+    assert s.expire(3.0).missing == []
+    assert s.expire(3.5).missing == [Missing(15, 15, "gap")]
+    feed(s, recs[15:16], t=3.6)  # ... and filled: longer again, up to the maximum only
+    assert s.wait == 2.0
+    feed(s, recs[19:21], t=4.0)
+    assert s.expire(6.0).missing == [Missing(18, 18, "gap")]
+    feed(s, recs[18:19], t=7.0)
+    assert s.wait == 2.0
+
+
+def test_an_operator_resend_does_not_make_the_wait_longer():
+    s = PartitionState(wait=0.5, max_wait=2.0)
+    recs = chain(range(10))
+    feed(s, recs[:3] + recs[5:], t=0.0)
+    assert s.expire(0.5).missing == [Missing(3, 4, "gap")]
+    resent = [r._replace(prev_offset=RESEND) for r in recs[3:5]]
+    _, _, filled = feed(s, resent, t=1.0)
+    assert filled == [3, 4] and s.wait == 0.5
