@@ -82,10 +82,15 @@ class Stage(BaseStage):
             self.source_partitions.update(counts)
             for t, p, chain_start, last_sent in claims:
                 self._state(t, p).heartbeat(chain_start, last_sent, now)
+            states, backlog = self.states, self.backlog
             for r in records:
-                state = self._state(r.topic, r.partition)
+                state = states.get((r.topic, r.partition)) or self._state(r.topic, r.partition)
                 wait = state.wait
-                self._apply(r.topic, r.partition, state.offer(r, now), wait)
+                u = state.offer(r, now)
+                if u.missing or u.filled or state.wait != wait:
+                    self._apply(r.topic, r.partition, u, wait)
+                else:  # the common case: records to write, nothing to report
+                    backlog.extend(u.writes)
             for beat in beats:
                 self._beat(beat)
         self._report_fills()
