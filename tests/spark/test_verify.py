@@ -154,22 +154,31 @@ def test_compare_with_the_source_names_lost_duplicated_and_altered_records(spark
                             "lost": 1, "duplicated": 1, "altered": 2}
 
 
+def numbers(bootstrap, lo, hi):
+    produce(bootstrap, "t", [{"value": b"%d" % i, "partition": i % 3} for i in range(lo, hi)])
+
+
+def to_memory(spark, bootstrap, name, checkpoint, **options):
+    """A streaming query from topic t into the memory table `name`."""
+    reader = (spark.readStream.format(choose_format(spark, "python"))
+              .option("kafka.bootstrap.servers", bootstrap).option("subscribe", "t"))
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return (reader.load().writeStream.format("memory").queryName(name)
+            .option("checkpointLocation", str(checkpoint)).start())
+
+
 def test_stream_reader_caps_each_micro_batch_and_picks_up_new_records(spark, brokers,
                                                                      tmp_path):
     src, _ = brokers
     create_topic(src.bootstrap, "t", 3)
-    produce(src.bootstrap, "t", [{"value": b"%d" % i, "partition": i % 3} for i in range(3000)])
-    df = (spark.readStream.format(choose_format(spark, "python"))
-          .option("kafka.bootstrap.servers", src.bootstrap).option("subscribe", "t")
-          .option("maxOffsetsPerTrigger", "1000").load())
-    q = (df.writeStream.format("memory").queryName("capped")
-         .option("checkpointLocation", str(tmp_path / "ck")).start())
+    numbers(src.bootstrap, 0, 3000)
+    q = to_memory(spark, src.bootstrap, "capped", tmp_path / "ck", maxOffsetsPerTrigger="1000")
     try:
         q.processAllAvailable()
         assert [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]] == \
             [1000, 1000, 1000]
-        produce(src.bootstrap, "t", [{"value": b"%d" % i, "partition": i % 3}
-                                     for i in range(3000, 3500)])
+        numbers(src.bootstrap, 3000, 3500)
         q.processAllAvailable()
     finally:
         q.stop()
@@ -177,15 +186,11 @@ def test_stream_reader_caps_each_micro_batch_and_picks_up_new_records(spark, bro
     assert sorted(values) == list(range(3500))  # each once, to the real end of partition
     # startingOffsets latest: from the real end (this broker's ListOffsets says less), so
     # only what comes after the start
-    q = (spark.readStream.format(choose_format(spark, "python"))
-         .option("kafka.bootstrap.servers", src.bootstrap).option("subscribe", "t")
-         .option("startingOffsets", "latest").load()
-         .writeStream.format("memory").queryName("latest")
-         .option("checkpointLocation", str(tmp_path / "ck-latest")).start())
+    q = to_memory(spark, src.bootstrap, "latest", tmp_path / "ck-latest",
+                  startingOffsets="latest")
     try:
         q.processAllAvailable()
-        produce(src.bootstrap, "t", [{"value": b"%d" % i, "partition": i % 3}
-                                     for i in range(3500, 3600)])
+        numbers(src.bootstrap, 3500, 3600)
         q.processAllAvailable()
     finally:
         q.stop()
