@@ -21,9 +21,8 @@ import time
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from diode.spark.kafka_source import choose_format
 from diode.spark.ledger import PartitionLedger
-from diode.spark.verify import _quantiles, pattern_of, provenance, say, session
+from diode.spark.verify import _quantiles, kafka_reader, pattern_of, provenance, say, session
 
 EVENT_SCHEMA = ("type string, sourceTopic string, sourcePartition int, firstOffset long, "
                 "lastOffset long, reason string, detectedAt long, batch long")
@@ -247,9 +246,8 @@ def start(spark: SparkSession, args) -> tuple:
     pattern = pattern_of(args)
     if args.heartbeat_topic:
         pattern = f"(?:{pattern})|{re.escape(args.heartbeat_topic)}"
-    rows = (spark.readStream.format(choose_format(spark, args.format))
-            .option("kafka.bootstrap.servers", args.bootstrap).option("includeHeaders", "true")
-            .option("subscribePattern", pattern).option("startingOffsets", "earliest")
+    rows = (kafka_reader(spark.readStream, spark, args.bootstrap, args.format)
+            .option("subscribePattern", pattern)
             .option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger)).load())
     query = (rows.writeStream.foreachBatch(auditor)
              .option("checkpointLocation", os.path.join(args.checkpoint, "spark"))

@@ -50,23 +50,25 @@ def session(master: str | None = None, app: str = "diode verify") -> SparkSessio
 def extract(spark: SparkSession, bootstrap: str, pattern: str, mode: str = "auto",
             kafka: dict | None = None) -> DataFrame:
     """The destination topics matching `pattern`, as Kafka rows."""
-    fmt = choose_format(spark, mode)
-    reader = spark.read.format(fmt).option("kafka.bootstrap.servers", bootstrap) \
-        .option("includeHeaders", "true") \
-        .option("subscribePattern", pattern).option("startingOffsets", "earliest")
+    reader = kafka_reader(spark.read, spark, bootstrap, mode).option("subscribePattern", pattern)
     for k, v in (kafka or {}).items():
         reader = reader.option(f"kafka.{k}", v)
     return reader.load()
+
+
+def kafka_reader(reader, spark: SparkSession, bootstrap: str, mode: str):
+    """`spark.read` or `spark.readStream` on the chosen Kafka source, from the earliest
+    offsets, headers included."""
+    return reader.format(choose_format(spark, mode)) \
+        .option("kafka.bootstrap.servers", bootstrap).option("includeHeaders", "true") \
+        .option("startingOffsets", "earliest")
 
 
 def extract_heartbeats(spark: SparkSession, bootstrap: str, topic: str,
                        mode: str = "auto") -> DataFrame:
     """(sourceTopic, sourcePartition, firstSent, lastSent) from receiver.heartbeat.topic: where
     the sender's earliest chain started and the highest offset it said it had sent."""
-    fmt = choose_format(spark, mode)
-    rows = spark.read.format(fmt).option("kafka.bootstrap.servers", bootstrap) \
-        .option("includeHeaders", "true") \
-        .option("subscribe", topic).option("startingOffsets", "earliest").load()
+    rows = kafka_reader(spark.read, spark, bootstrap, mode).option("subscribe", topic).load()
     sent = F.from_json(F.col("value").cast("string"),
                        "struct<lastSent: array<struct<topic: string, partition: int, "
                        "offset: long, chainStart: long>>>")
@@ -86,13 +88,17 @@ def provenance(rows: DataFrame, written_at: str = "writtenAt") -> DataFrame:
     without the header). Rows without provenance (not written by diode) are left out."""
     stamp = _header(written_at, "long") if written_at else F.lit(None).cast("long")
     return rows.select(
-        "topic", "partition", "offset",
-        _header("sourceTopic", "string").alias("sourceTopic"),
-        _header("sourcePartition", "int").alias("sourcePartition"),
-        _header("sourceOffset", "long").alias("sourceOffset"),
+        "topic", "partition", "offset", *_origin(),
         stamp.alias("writtenAt"),
         (stamp - F.unix_millis("timestamp")).alias("latencyMs"),
     ).where(F.col("sourceOffset").isNotNull())
+
+
+def _origin() -> list:
+    """sourceTopic, sourcePartition, sourceOffset columns from the provenance headers."""
+    return [_header("sourceTopic", "string").alias("sourceTopic"),
+            _header("sourcePartition", "int").alias("sourcePartition"),
+            _header("sourceOffset", "long").alias("sourceOffset")]
 
 
 def _header(name: str, kind: str):
@@ -212,12 +218,7 @@ def compare(source: DataFrame, destination: DataFrame,
 
 def with_provenance_rows(rows: DataFrame) -> DataFrame:
     """Destination rows with their provenance as columns (and their own columns kept)."""
-    return rows.select(
-        "*",
-        _header("sourceTopic", "string").alias("sourceTopic"),
-        _header("sourcePartition", "int").alias("sourcePartition"),
-        _header("sourceOffset", "long").alias("sourceOffset"),
-    ).where(F.col("sourceOffset").isNotNull())
+    return rows.select("*", *_origin()).where(F.col("sourceOffset").isNotNull())
 
 
 # -- load ----------------------------------------------------------------------------------------
