@@ -94,3 +94,10 @@ def _accepts(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def free_port(kind=socket.SOCK_STREAM) -> int:
+    """A port nothing listens on right now, on 127.0.0.1 (for embedded brokers and links)."""
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -56,7 +56,7 @@ class PartitionState:
         self.wait = wait
         self.max_wait = max(wait, max_wait if max_wait is not None else wait)
         self._now = 0.0
-        self._reports: deque = deque(maxlen=max_gaps)  # (first, last, when, wait) reported
+        self._reports: list = []  # (first, last, when, wait) of reported gaps, ascending
         self.max_pending = max_pending
         self.max_gaps = max_gaps
         self.frontier = frontier
@@ -187,13 +187,13 @@ class PartitionState:
         """Gaps reported too early were filled by the chain: wait longer (see the module)."""
         if self.wait >= self.max_wait:
             return
-        late = 0.0
-        for offset in filled:
-            for first, last, when, waited in reversed(self._reports):
-                if first <= offset <= last:
-                    late = max(late, now - when + waited)  # how long it really took
-                    break
-        self.wait = min(self.max_wait, max(self.wait, 2 * late))
+        # gaps are reported in offset order, so the lowest offset filled waited longest
+        offset = min(filled)
+        i = bisect.bisect_right(self._reports, (offset, float("inf"))) - 1
+        if i >= 0 and self._reports[i][1] >= offset:
+            _, _, when, waited = self._reports[i]
+            late = now - when + waited  # how long it really took
+            self.wait = min(self.max_wait, max(self.wait, 2 * late))
 
     def _anchor(self) -> None:
         if self.frontier is None and self.anchor is not None:
@@ -202,6 +202,8 @@ class PartitionState:
     def _report(self, m: Missing, u: Update) -> None:
         u.missing.append(m)
         self._reports.append((m.first, m.last, self._now, self.wait))
+        if len(self._reports) > self.max_gaps:
+            del self._reports[0]
         self.gaps.append([m.first, m.last])  # always above earlier gaps: the frontier only rises
         if len(self.gaps) > self.max_gaps:
             del self.gaps[0]

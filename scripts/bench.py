@@ -46,7 +46,7 @@ import psutil
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from diode.brokers import EmbeddedBroker  # the .venv has diode installed (editable)
+from diode.brokers import EmbeddedBroker, free_port  # the .venv has diode installed (editable)
 from diode.metrics import read_counter
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,12 +65,6 @@ def check_interrupted() -> None:
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port(kind=socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rmem_max() -> int:

@@ -33,18 +33,11 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from diode.brokers import EmbeddedBroker
+from diode.brokers import EmbeddedBroker, free_port
 
 TOPIC = "dest_bench"
 SOURCE = "bench"
 T0 = 1_700_000_000_000
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fill(bootstrap: str, records: int, partitions: int, gap_every: int) -> None:

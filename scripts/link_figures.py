@@ -17,7 +17,7 @@ import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from diode.brokers import EmbeddedBroker
+from diode.brokers import EmbeddedBroker, free_port
 from diode.linksim import Faults, FaultSettings, LinkSim
 
 SCENARIOS = [
@@ -34,12 +34,6 @@ SCENARIOS = [
     ("2 % reorder, 1 % duplication", FaultSettings(reorder=0.02, reorder_delay_ms=20,
                                                    duplicate=0.01, seed=5), {}),
 ]
-
-
-def free_port(kind=socket.SOCK_STREAM):
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def topology(work: Path, side: str, src, dst, port: int, link: dict) -> Path:

@@ -25,6 +25,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from diode import transport
 from diode.kafka import admin_config, partition_counts, producer_config
 from diode.ordering import PartitionState
+from diode.ranges import merge
 from diode.records import TIMESTAMP_NOT_AVAILABLE, provenance_headers
 from diode.worker import Stage as BaseStage
 
@@ -87,7 +88,7 @@ class Stage(BaseStage):
                 state = states.get((r.topic, r.partition)) or self._state(r.topic, r.partition)
                 wait = state.wait
                 u = state.offer(r, now)
-                if u.missing or u.filled or state.wait != wait:
+                if u.missing or u.filled:  # (the wait only lengthens on a fill)
                     self._apply(r.topic, r.partition, u, wait)
                 else:  # the common case: records to write, nothing to report
                     backlog.extend(u.writes)
@@ -99,7 +100,7 @@ class Stage(BaseStage):
 
     def _report_fills(self) -> None:
         for (topic, partition), offsets in self.fills.items():
-            for first, last in runs(offsets):
+            for first, last in merge([(o, o) for o in offsets]):
                 self._event("filled", topic, partition, first, last, "late")
         self.fills.clear()
 
@@ -262,13 +263,3 @@ class Stage(BaseStage):
     def close(self):
         self.producer.flush(1)
 
-
-def runs(offsets: list) -> list:
-    """Offsets as (first, last) runs of consecutive ones, ascending."""
-    out = []
-    for o in sorted(offsets):
-        if out and o == out[-1][1] + 1:
-            out[-1][1] = o
-        else:
-            out.append([o, o])
-    return [tuple(r) for r in out]

@@ -15,16 +15,10 @@ import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from diode.brokers import EmbeddedBroker
+from diode.brokers import EmbeddedBroker, free_port
 from diode.metrics import read_counter
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port(kind=socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

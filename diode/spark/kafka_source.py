@@ -249,12 +249,12 @@ class KafkaStreamReader(_KafkaReader, DataSourceStreamReader, SupportsTriggerAva
 
     def latestOffset(self, start: dict, limit=None) -> dict:
         floor = {(t, int(p)): o for t, parts in start.items() for p, o in parts.items()}
-        parts = self._partitions(self._client())
-        ends = real_ends(self._client(), {tp: floor.get(tp, 0) for tp in parts})
+        if self._target is not None:  # AvailableNow: up to the ends found at the start
+            ends = self._target
+        else:
+            c = self._client()
+            ends = real_ends(c, {tp: floor.get(tp, 0) for tp in self._partitions(c)})
         ends = {tp: max(e, floor.get(tp, 0)) for tp, e in ends.items()}
-        if self._target is not None:  # nothing past the ends found at the start
-            ends = {tp: max(floor.get(tp, 0), min(e, self._target.get(tp, 0)))
-                    for tp, e in ends.items()}
         rows = getattr(limit, "max_rows", None)
         if rows is not None:
             ends = cap({tp: floor.get(tp, 0) for tp in ends}, ends, rows)

@@ -1,4 +1,5 @@
-"""Pure logic of the verification plane: the streaming ledger, the per-trigger cap, errors."""
+"""Pure logic of the verification plane: offset ranges, the streaming ledger, the per-trigger cap,
+errors."""
 
 import json
 from itertools import pairwise
@@ -6,8 +7,9 @@ from itertools import pairwise
 from hypothesis import given
 from hypothesis import strategies as st
 
+from diode.ranges import holes, merge, overlap, subtract
 from diode.spark.kafka_source import cap
-from diode.spark.ledger import PartitionLedger, holes, merge, overlap, subtract
+from diode.spark.ledger import PartitionLedger
 
 
 def runs_of(offsets: set) -> list:
