@@ -1,6 +1,7 @@
 """The `diode` command."""
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
@@ -10,26 +11,31 @@ from diode.errors import DiodeError, TopologyError
 from diode.worker import configure_logging
 
 
-def kafka_problems(t) -> list[str]:
+def kafka_problems(t, sides=topo.SIDES) -> list[str]:
     """librdkafka's own verdict on the pass-through settings (unknown keys, bad values), found
-    by building the clients without connecting. Only `diode check` does this: the supervisor
-    must not create Kafka clients before it forks."""
+    by building the clients without connecting, after reading the ${file:...} and ${env:...}
+    they name. Only `diode check` does this: the supervisor must not create Kafka clients
+    before it forks."""
     from confluent_kafka import Consumer, KafkaException, Producer
-    from diode.kafka import consumer_config, producer_config
+    from diode.errors import SecretError
+    from diode.kafka import client_settings, consumer_config, producer_config
+    makers = {"sender": lambda: Consumer(consumer_config(t)).close(),
+              "receiver": lambda: Producer(producer_config(client_settings(t, "receiver")))}
     problems = []
-    for key, make in (("sender.kafka", lambda: Consumer(consumer_config(t)).close()),
-                      ("receiver.kafka", lambda: Producer(producer_config(t.receiver.kafka)))):
+    for side in sides:
         try:
-            make()
+            makers[side]()
+        except SecretError as exc:
+            problems.append(f"{side}.kafka: {exc}")
         except KafkaException as exc:
             err = exc.args[0]
-            problems.append(f"{key}: {err.str() if hasattr(err, 'str') else err}")
+            problems.append(f"{side}.kafka: {err.str() if hasattr(err, 'str') else err}")
     return problems
 
 
 def cmd_check(args) -> int:
     t = topo.load(args.file)
-    problems = kafka_problems(t)
+    problems = kafka_problems(t, topo.SIDES if args.side == "both" else (args.side,))
     if problems:
         raise TopologyError(t.path, problems)
     run_dir = t.supervisor.run_dir or "<run dir>"
@@ -39,7 +45,7 @@ def cmd_check(args) -> int:
           f"{t.link.rate_mbps:g} Mbit/s{' (unpaced)' if not t.link.rate_mbps else ''}")
     print(f"security: {t.security.cipher}, compression: {t.compression}")
     for b in t.brokers:
-        print(f"embedded broker {b.name or b.listen}: {b.listen} ({b.side} side)")
+        print(f"embedded {b.kind} broker {b.name or b.listen}: {b.listen} ({b.side} side)")
     print(f"{'process':<28} {'cpus':<10} endpoints")
     for spec in topo.plan(t):
         cpus = ",".join(map(str, spec.cpus)) or "all"
@@ -73,13 +79,15 @@ def wiring(t, spec, run_dir):
 def cmd_launch(args) -> int:
     from diode.supervisor import Supervisor
     t = topo.load(args.file)
+    if args.broker_kind:
+        t = dataclasses.replace(t, brokers=[dataclasses.replace(b, kind=args.broker_kind)
+                                            for b in t.brokers])
     sides = topo.SIDES if args.side == "both" else (args.side,)
     return Supervisor(t, sides, args.run_dir).run()
 
 
 def cmd_resend(args) -> int:
     """Send exactly the manifest's ranges again through the sender pipeline, then exit."""
-    import dataclasses
     import json
     from diode.supervisor import Supervisor
     t = topo.load(args.topology)
@@ -158,12 +166,17 @@ def main(argv=None) -> int:
 
     p = sub.add_parser("check", help="validate a topology and print the plan (exit 2: invalid)")
     p.add_argument("file")
+    p.add_argument("--side", choices=("sender", "receiver", "both"), default="both",
+                   help="the side whose ${file:...}/${env:...} Kafka settings must be readable "
+                   "here (each host has its own side's secrets)")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("launch", help="run a topology: brokers, supervisor and workers")
     p.add_argument("file")
     p.add_argument("--side", choices=("sender", "receiver", "both"), default="both")
     p.add_argument("--run-dir", help="directory for ipc endpoints and metrics")
+    p.add_argument("--broker-kind", choices=("kafka", "tansu"),
+                   help="start the file's embedded brokers as this kind (brokers[].kind)")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("resend", help="on the high side: send a resend manifest's missing "

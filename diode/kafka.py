@@ -2,21 +2,44 @@
 
 import re
 
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import NewTopic
+
 from diode.records import partition_owner
-from diode.topology import Topology
+from diode.crypto import read_secret
+from diode.topology import REFERENCE, Topology
+
+
+def client_settings(t: Topology, side: str) -> dict:
+    """A side's librdkafka settings (sender: the source cluster, receiver: the destination)
+    with every ${file:PATH} and ${env:NAME} replaced by what it names. Made where the client is
+    made; the values are never logged. SecretError names what could not be read."""
+    out = {}
+    for key, value in getattr(t, side).kafka.items():
+        if isinstance(value, str) and REFERENCE.search(value):
+            def read(m, key=key):
+                kind, arg = m.groups()
+                where = f"{side}.kafka.{key}"
+                if kind == "env":
+                    return read_secret(None, arg.strip(), where).decode()
+                return read_secret(t.resolve(arg.strip()), None, where).decode()
+            value = REFERENCE.sub(read, value)
+        out[key] = value
+    return out
 
 
 def consumer_config(t: Topology) -> dict:
     """The source cluster's librdkafka settings, with what at-least-once requires forced:
     offsets are stored and committed by the reader itself, only for what was sent."""
-    conf = {"group.id": f"diode-{t.name}", **t.sender.kafka}
+    conf = {"group.id": f"diode-{t.name}", **client_settings(t, "sender")}
     conf.update({"enable.auto.commit": False, "enable.auto.offset.store": False})
     return conf
 
 
 def producer_config(kafka: dict, **defaults) -> dict:
-    """A producer's settings: ours as defaults, the topology's on top, unchanged."""
-    return {"linger.ms": 5, "acks": "all", **defaults, **kafka}
+    """A producer's settings: ours as defaults, the topology's on top, unchanged. Idempotence
+    by default: a retried batch is never written twice nor out of order."""
+    return {"linger.ms": 5, "acks": "all", "enable.idempotence": True, **defaults, **kafka}
 
 
 def admin_config(kafka: dict) -> dict:
@@ -59,3 +82,17 @@ def partition_counts(client, timeout: float = 5.0) -> dict:
     """topic -> partition count, from any confluent_kafka client's metadata."""
     md = client.list_topics(timeout=timeout)
     return {name: len(t.partitions) for name, t in md.topics.items() if t.error is None}
+
+
+def create_topic(admin, topic: str, partitions: int, timeout: float = 15.0) -> bool:
+    """Create `topic` with the cluster's default replication; False if it existed already.
+    Clusters often refuse to create topics on a produce (auto.create.topics.enable=false), so
+    every topic diode writes to is created on purpose. Other failures raise KafkaException."""
+    future = admin.create_topics([NewTopic(topic, partitions)], operation_timeout=timeout)[topic]
+    try:
+        future.result(timeout + 5)
+        return True
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+        raise

@@ -54,6 +54,10 @@ class SentTracker:
             if not parts:
                 del self._parts[msg_id], self._remaining[msg_id]
 
+    def idle(self, tp) -> bool:
+        """Nothing of partition `tp` is in flight."""
+        return not self._queues.get(tp)
+
     def positions(self) -> dict:
         """(topic, partition) -> the next offset to read after the committed prefix."""
         return dict(self._commit)

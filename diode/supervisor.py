@@ -26,7 +26,8 @@ from enum import Enum
 import setproctitle
 
 from diode import crypto, worker
-from diode.brokers import EmbeddedBroker
+from diode import brokers as embedded
+from diode.kafka import client_settings
 from diode.topology import PIPELINES, SIDES, Topology, WorkerSpec, plan
 
 log = logging.getLogger("diode.supervisor")
@@ -102,11 +103,18 @@ class Supervisor:
         specs = plan(topology, self.sides)
         self.workers = [Worker(s, i) for i, s in enumerate(specs)]
         self.heartbeats = worker.Heartbeats(len(specs))
-        self.brokers = [EmbeddedBroker(b.name or b.listen, b.listen,
-                                       os.path.join(self.run_dir, f"broker-{b.name}.log"))
-                        for b in topology.brokers if b.side in self.sides]
+        self.brokers = [self._broker(b) for b in topology.brokers if b.side in self.sides]
         self.secrets: worker.Secrets | None = None
         self._signals: deque = deque()
+
+    def _broker(self, b) -> embedded.EmbeddedBroker:
+        name = b.name or b.listen.replace(":", "-")
+        options = {}
+        if b.kind == "kafka":
+            options = {"config": b.config, "data_dir": self.t.resolve(b.data_dir) or
+                       os.path.join(self.run_dir, f"broker-{name}")}
+        return embedded.make_broker(b.kind, name, b.listen,
+                                    os.path.join(self.run_dir, f"broker-{name}.log"), **options)
 
     # -- signals: handlers only record ---------------------------------------------------------
 
@@ -123,8 +131,9 @@ class Supervisor:
         code = 0
         try:
             self.secrets = load_secrets(self.t)
-            for b in self.brokers:
-                b.start()
+            for side in self.sides:  # a Kafka secret that cannot be read: say so now, once
+                client_settings(self.t, side)
+            embedded.start_all(self.brokers)
             for w in self.workers:
                 self._spawn(w)
             log.info("%s running: %d processes, run dir %s", "+".join(self.sides),
@@ -162,8 +171,8 @@ class Supervisor:
                 return 0
             for b in self.brokers:
                 if not b.alive():
-                    log.error("embedded broker %s exited; its records are gone (memory "
-                              "storage). Stopping.", b.name)
+                    log.error("embedded %s broker %s exited (its log: %s). Stopping.",
+                              b.kind, b.name, b.log_path)
                     return 1
             time.sleep(0.05)
 

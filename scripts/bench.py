@@ -2,9 +2,9 @@
 
 Run with ./scripts/bench (it installs .venv first). Everything runs on 127.0.0.1:
 
-1. an embedded Tansu broker for the source cluster per record size, and a fresh one for the
-   destination of each measurement (memory storage: a fresh broker is the cheapest way to start
-   from nothing);
+1. an embedded broker (--broker: Apache Kafka by default, or Tansu) for the source cluster
+   per record size, and a fresh one for the destination of each measurement, so that every
+   run writes to an empty cluster;
 2. per record size, N records pre-produced to a 4-partition source topic, then:
    - diode: a topology written to a temp dir, `diode launch` as a subprocess, timed from launch
      until all N records are in the destination topic (a consumer with assign() counts them,
@@ -23,7 +23,7 @@ receive buffer of net.core.rmem_max; every other setting keeps its default unles
 
 CPU seconds are read with psutil from every child of the launch process (their titles say
 which stage they are) and from the relay process, at the moment the last record arrived; the
-Tansu brokers and the bench's own counting consumer are reported apart. Datagrams sent and
+brokers and the bench's own counting consumer are reported apart. Datagrams sent and
 received come from the workers' metrics files (<run dir>/metrics/*.prom), receive-buffer drops
 from /proc/net/udp. Speed is never asserted anywhere: this is a measurement, not a test.
 """
@@ -46,7 +46,7 @@ import psutil
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from diode.brokers import EmbeddedBroker, free_port  # the .venv has diode installed (editable)
+from diode.brokers import KINDS, EmbeddedBroker, free_port, make_broker  # .venv: diode installed
 from diode.metrics import read_counter
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,13 +101,15 @@ def udp_socket_drops(port: int) -> int | None:
 # -- clean-up: everything started is registered here -----------------------------------------
 
 class Resources:
-    def __init__(self):
+    def __init__(self, broker_kind: str):
+        self.broker_kind = broker_kind
         self.brokers: list[EmbeddedBroker] = []
         self.procs: list[subprocess.Popen] = []
         self.dirs: list[str] = []
 
     def broker(self, name: str, workdir: str) -> EmbeddedBroker:
-        b = EmbeddedBroker(name, f"127.0.0.1:{free_port()}", os.path.join(workdir, f"{name}.log"))
+        b = make_broker(self.broker_kind, name, f"127.0.0.1:{free_port()}",
+                        os.path.join(workdir, f"{name}.log"))
         self.brokers.append(b)
         b.start()
         return b
@@ -529,7 +531,8 @@ def relay_main(argv) -> int:
                   "enable.auto.commit": False})
     c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
     # The kafka_writer's producer settings (diode.kafka.producer_config).
-    p = Producer({"bootstrap.servers": dst, "linger.ms": 5, "acks": "all"})
+    p = Producer({"bootstrap.servers": dst, "linger.ms": 5, "acks": "all",
+                  "enable.idempotence": True})
     done = 0
     idle_since = time.monotonic()
     while done < count and time.monotonic() - idle_since < 30:
@@ -642,7 +645,7 @@ def print_table(results, file=sys.stdout) -> None:
                               for k, v in r["cpu_per_process"].items() if r["seconds"])
             brokers = ", ".join(f"{k} {v:.1f}" for k, v in r["broker_cpu_seconds"].items())
             p(f"  {size_name:<5} {r['system']:<17} {parts}")
-            notes = [f"Tansu brokers: {brokers}",
+            notes = [f"{results['broker']} brokers: {brokers}",
                      f"bench counter: {r['counter_cpu_seconds']:.1f}"]
             if "datagrams_sent" in r:
                 notes.append(f"datagrams sent {r['datagrams_sent']:.0f}, received "
@@ -669,6 +672,8 @@ def parse_args(argv):
     ap.add_argument("--records-large", type=int, default=20000,
                     help="records of 10 KiB values (default 20000)")
     ap.add_argument("--sizes", default="small,large", help="which sizes to run: small,large")
+    ap.add_argument("--broker", default="kafka", choices=KINDS,
+                    help="embedded broker kind for both clusters (default kafka: Apache Kafka)")
     ap.add_argument("--compression", default="none", choices=("none", "gzip", "zstd", "lz4"))
     ap.add_argument("--compressible", action="store_true",
                     help="values half random, half a repeated pattern (about 2:1), instead of "
@@ -710,7 +715,7 @@ def main(argv) -> int:
     if argv and argv[0] == "_relay":
         return relay_main(argv[1:])
     args = parse_args(argv)
-    res = Resources()
+    res = Resources(args.broker)
     work = tempfile.mkdtemp(prefix="diode-bench-")
     if not args.keep:
         res.dirs.append(work)
@@ -724,6 +729,7 @@ def main(argv) -> int:
     counts = {"small": args.records_small, "large": args.records_large}
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     results = {
+        "broker": args.broker,
         "machine": {"nproc": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform(), "rmem_max": rmem_max()},
         "settings": {"compression": args.compression, "compressible": args.compressible,
@@ -735,7 +741,8 @@ def main(argv) -> int:
         "value_bytes": {s: SIZES[s] for s in sizes},
         "sizes": {},
     }
-    log(f"{os.cpu_count()} CPUs, Python {platform.python_version()}, work dir {work}")
+    log(f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {args.broker} brokers, "
+        f"work dir {work}")
     log("diode workers: " + ", ".join(f"{k}×{v}" for k, v in
                                       results["settings"]["workers"].items())
         + f"; aes-256-gcm, compression {args.compression}, datagrams {args.datagram_bytes} B, "
@@ -743,7 +750,7 @@ def main(argv) -> int:
     try:
         for size_name in sizes:
             n, size = counts[size_name], SIZES[size_name]
-            src = res.broker(f"source-{size_name}", work)  # fresh per size: memory storage
+            src = res.broker(f"source-{size_name}", work)  # fresh per size
             topic = f"bench-{size_name}"
             create_topic(src.bootstrap, topic)
             secs = preproduce(src.bootstrap, topic, n, size, args.compressible)

@@ -2,12 +2,15 @@
 
 Run with ./scripts/bench-verify (it installs .venv first). On 127.0.0.1:
 
-1. an embedded Tansu broker holding a destination topic of --records records (default 1 000 000,
+1. an embedded broker (--broker: Apache Kafka by default, or Tansu) holding a destination topic
+   of --records records (default 1 000 000,
    100-byte values) over --partitions partitions, written as the receiver writes them: the
    provenance headers and writtenAt, one source partition per destination partition, with one
    source offset in every --gap-every left out (so the audit has holes to find);
-2. per Spark core count in --cores (default 1,2), the batch audit (`extract`, `provenance`,
-   `audit`, `latency`, the same functions `diode verify` runs) in a fresh process, timed from
+2. per Kafka source in --sources (default python,native: diode's Python data source, Spark's
+   own spark-sql-kafka connector) and per Spark core count in --cores (default 1,2), the batch
+   audit (`extract`, `provenance`, `audit`, `latency`, the same functions `diode verify` runs)
+   in a fresh process, timed from
    the first read to the report (Spark's start-up is reported apart, and how much of the time
    went to reading the topic into Spark); the report is checked: every record counted, exactly
    the planted holes;
@@ -33,11 +36,11 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from diode.brokers import EmbeddedBroker, free_port
+from diode.brokers import KINDS, free_port, make_broker
 
 TOPIC = "dest_bench"
 SOURCE = "bench"
-T0 = 1_700_000_000_000
+T0 = (int(time.time()) - 3600) * 1000  # recent: no retention deletes the records
 
 
 def fill(bootstrap: str, records: int, partitions: int, gap_every: int) -> None:
@@ -93,15 +96,15 @@ def baseline(bootstrap: str, partitions: int) -> dict:
     return {"seconds": took, "records": sum(n for n, _ in tally.values())}
 
 
-def audit_once(bootstrap: str, cores: int) -> dict:
-    """In this process: the batch audit on local[cores], timed."""
+def audit_once(bootstrap: str, cores: int, source: str) -> dict:
+    """In this process: the batch audit on local[cores] through `source`, timed."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from diode.spark.verify import audit, extract, latency, provenance, report, session
     t0 = time.monotonic()
-    spark = session(f"local[{cores}]", "diode bench")
+    spark = session(f"local[{cores}]", "diode bench", source)
     started = time.monotonic()
     from pyspark import StorageLevel
-    p = provenance(extract(spark, bootstrap, TOPIC, "python")) \
+    p = provenance(extract(spark, bootstrap, TOPIC, source)) \
         .persist(StorageLevel.MEMORY_AND_DISK)
     p.count()  # the read, apart (verify itself lets the audit's first stage do it)
     read = time.monotonic() - started
@@ -122,17 +125,25 @@ def main() -> int:
     ap.add_argument("--gap-every", type=int, default=10_000)
     ap.add_argument("--cores", default="1,2", help="Spark core counts, comma separated")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--sources", default="python,native",
+                    help="Kafka sources, comma separated: python (diode's data source), native "
+                    "(spark-sql-kafka, fetched through mvn the first time)")
+    ap.add_argument("--broker", default="kafka", choices=KINDS,
+                    help="embedded broker kind (default kafka; Tansu's short ListOffsets makes "
+                    "the native source read short)")
     ap.add_argument("--json", help="append one JSON line with every figure")
-    ap.add_argument("--_audit", nargs=2, metavar=("BOOTSTRAP", "CORES"), help=argparse.SUPPRESS)
+    ap.add_argument("--_audit", nargs=3, metavar=("BOOTSTRAP", "CORES", "SOURCE"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._audit:
-        print(json.dumps(audit_once(args._audit[0], int(args._audit[1]))))
+        print(json.dumps(audit_once(args._audit[0], int(args._audit[1]), args._audit[2])))
         return 0
 
     cores = [int(c) for c in args.cores.split(",")]
+    sources = [s for s in args.sources.split(",") if s]
     with tempfile.TemporaryDirectory() as tmp:
-        broker = EmbeddedBroker("bench", f"127.0.0.1:{free_port()}",
-                                str(Path(tmp) / "broker.log")).start()
+        broker = make_broker(args.broker, "bench", f"127.0.0.1:{free_port()}",
+                             str(Path(tmp) / "broker.log")).start()
         try:
             t = time.monotonic()
             fill(broker.bootstrap, args.records, args.partitions, args.gap_every)
@@ -144,17 +155,18 @@ def main() -> int:
                 b = baseline(broker.bootstrap, args.partitions)
                 assert b["records"] == args.records, b
                 runs.append({"system": "one-process reader", "run": r, **b})
-                for c in cores:
-                    out = subprocess.run([sys.executable, __file__, "--_audit",
-                                          broker.bootstrap, str(c)], capture_output=True,
-                                         text=True, check=False)
-                    if out.returncode:
-                        print(out.stderr[-3000:], file=sys.stderr)
-                        return 1
-                    a = json.loads(out.stdout.strip().splitlines()[-1])
-                    ok = a["records"] == args.records and a["ranges"] == holes
-                    runs.append({"system": f"diode verify local[{c}]", "run": r, "ok": ok,
-                                 **a})
+                for source in sources:
+                    for c in cores:
+                        out = subprocess.run([sys.executable, __file__, "--_audit",
+                                              broker.bootstrap, str(c), source],
+                                             capture_output=True, text=True, check=False)
+                        if out.returncode:
+                            print(out.stderr[-3000:], file=sys.stderr)
+                            return 1
+                        a = json.loads(out.stdout.strip().splitlines()[-1])
+                        ok = a["records"] == args.records and a["ranges"] == holes
+                        runs.append({"system": f"verify {source} local[{c}]", "run": r,
+                                     "ok": ok, "source": source, **a})
         finally:
             broker.stop()
 
@@ -171,12 +183,14 @@ def main() -> int:
         medians[name] = statistics.median(r["records"] / r["seconds"] for r in runs
                                           if r["system"] == name)
     base = medians["one-process reader"]
-    print(f"\nmedians, {args.records} records, {platform.node()}, {os.cpu_count()} cores:")
+    print(f"\nmedians, {args.records} records, {args.broker} broker, {platform.node()}, "
+          f"{os.cpu_count()} cores:")
     for name, rate in medians.items():
         print(f"  {name:<26}{rate:>10.0f} records/s  {rate / base:.2f}× the one-process reader")
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps({"records": args.records, "partitions": args.partitions,
+                                "broker": args.broker,
                                 "runs": runs, "medians": medians}) + "\n")
     return 0 if all(r.get("ok", True) for r in runs) else 1
 

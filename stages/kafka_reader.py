@@ -41,6 +41,7 @@ class Stage(BaseStage):
             self.ctx.zmq, [self.ctx.endpoint("packer", i)
                            for i in range(self.ctx.instances("packer"))], self.ctx.hwm))
         self.tracker = SentTracker()
+        self.position_committed: dict = {}  # (topic, partition) -> last offset committed
         self.assigned: dict = {}          # (topic, partition) -> start offset when assigned
         # The chain of offsets sent per partition (diode.ordering): where the current chain
         # started and the last offset dispatched; both forgotten when the reader rewinds.
@@ -250,21 +251,42 @@ class Stage(BaseStage):
         if self.resend is not None:
             return  # a resend leaves the consumer group's offsets alone
         changed = self.tracker.take_changed()
+        changed.update(self._consumed_past_last_record())
         if not changed:
             return
         tps = [TopicPartition(t, p, offset) for (t, p), offset in changed.items()]
         try:
             self.consumer.commit(offsets=tps, asynchronous=not sync)
             self.metrics.inc("commits")
+            self.position_committed.update(changed)
         except Exception as exc:
             self.log.warning("offset commit failed (%s); the next one covers it", exc)
             self.metrics.inc("errors", reason="commit")
             self.tracker.retry(changed)  # the next commit covers these
+            self.position_committed.clear()
+
+    def _consumed_past_last_record(self) -> dict:
+        """Commit positions beyond the last record sent: a partition with nothing in flight is
+        consumed up to the consumer's position, and what lies between its last record and that
+        position holds nothing to send (transaction markers, aborted records). Without this a
+        transactional topic would show a lag of 1 (its last commit marker) forever."""
+        idle = [TopicPartition(t, p) for (t, p) in self.assigned if self.tracker.idle((t, p))]
+        if not idle:
+            return {}
+        sent = self.tracker.positions()
+        out = {}
+        for tp in self.consumer.position(idle):
+            key = (tp.topic, tp.partition)
+            if tp.offset > sent.get(key, -1) and tp.offset > self.assigned[key] and \
+                    tp.offset != self.position_committed.get(key):
+                out[key] = tp.offset
+        return out
 
     def _committed(self, err, partitions):
         """Commit result (served by consume()): failed positions are committed again."""
         failed = [(tp.topic, tp.partition) for tp in partitions if err or tp.error]
         if failed:
+            self.position_committed.clear()
             self.log.warning("offset commit failed (%s); retrying", err or partitions[0].error)
             self.metrics.inc("errors", reason="commit")
             self.tracker.retry(failed)

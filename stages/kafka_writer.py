@@ -20,10 +20,11 @@ import json
 import time
 
 from confluent_kafka import KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from diode import transport
-from diode.kafka import admin_config, partition_counts, producer_config
+from diode.kafka import (admin_config, client_settings, create_topic, partition_counts,
+                         producer_config)
 from diode.ordering import PartitionState
 from diode.ranges import merge
 from diode.records import TIMESTAMP_NOT_AVAILABLE, provenance_headers
@@ -35,7 +36,7 @@ MAX_PARTITIONS = 10000
 class Stage(BaseStage):
     def open(self):
         ctx = self.ctx
-        kafka = self.t.receiver.kafka
+        kafka = client_settings(self.t, "receiver")
         self.input = transport.pull(ctx.zmq, ctx.endpoint("kafka_writer", ctx.spec.index),
                                     ctx.hwm)
         self.producer = Producer(producer_config(kafka, **{
@@ -44,7 +45,7 @@ class Stage(BaseStage):
         self.admin = AdminClient(admin_config(kafka))
         self.dest_partitions: dict = {}   # destination topic -> partition count
         self.source_partitions: dict = {}  # source topic -> partition count (from the sender)
-        self.next_metadata = 0.0
+        self.next_metadata: dict = {}     # topic -> when its metadata may be asked again
         self.backlog: list = []           # records taken but not yet accepted by the producer
         self.states: dict = {}            # (topic, partition) -> PartitionState
         self.next_expire = 0.0
@@ -180,6 +181,8 @@ class Stage(BaseStage):
                              for t, p, start, last in beat["partitions"]]})
 
     def _produce_event(self, topic: str, key: str, event: dict) -> None:
+        if topic not in self.dest_partitions:
+            self._ensure_topic(topic, 1)
         while True:
             try:
                 self.producer.produce(topic, key=key.encode(), value=json.dumps(event).encode(),
@@ -200,7 +203,8 @@ class Stage(BaseStage):
         for r in self.backlog:
             topic = self.destination(r.topic)
             n = self.dest_partitions.get(topic)
-            if n is None and not self._ensure_topic(topic, r.topic):
+            if n is None and not self._ensure_topic(topic, max(1, min(int(
+                    self.source_partitions.get(r.topic, 1)), MAX_PARTITIONS))):
                 time.sleep(0.05)  # not visible yet: keep the records, in order, and retry
                 break
             kwargs = {"partition": r.partition} if r.partition < self.dest_partitions[topic] \
@@ -229,24 +233,20 @@ class Stage(BaseStage):
                        headers.get("sourcePartition", b"?").decode(),
                        headers.get("sourceOffset", b"?").decode(), msg.topic(), err)
 
-    def _ensure_topic(self, topic: str, source_topic: str) -> bool:
-        """Learn the destination topic's partition count, creating the topic with the source's
-        partition count if it does not exist. At most once a second; False until it is known."""
+    def _ensure_topic(self, topic: str, partitions: int) -> bool:
+        """Learn a destination topic's partition count, creating the topic with `partitions` if
+        it does not exist. At most once a second per topic; False until it is known."""
         now = time.monotonic()
-        if now < self.next_metadata:
+        if now < self.next_metadata.get(topic, 0.0):
             return False
-        self.next_metadata = now + 1.0
+        self.next_metadata[topic] = now + 1.0
         try:
             self.dest_partitions.update(partition_counts(self.producer))
             if topic in self.dest_partitions:
                 return True
-            n = max(1, min(int(self.source_partitions.get(source_topic, 1)), MAX_PARTITIONS))
-            try:
-                self.admin.create_topics([NewTopic(topic, n)], operation_timeout=10)[topic] \
-                    .result(15)
-                self.log.info("created destination topic %s with %d partition(s)", topic, n)
-            except KafkaException as exc:
-                self.log.info("destination topic %s: %s", topic, exc.args[0])
+            if create_topic(self.admin, topic, partitions):
+                self.log.info("created destination topic %s with %d partition(s)", topic,
+                              partitions)
             self.dest_partitions.update(partition_counts(self.producer))
         except KafkaException as exc:
             self.log.warning("cannot read or create destination topic %s: %s; retrying", topic,

@@ -11,11 +11,12 @@ cluster and is acknowledged once it is there.
 import time
 
 import zmq
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient
 
 from diode import codec, crypto, fec, fragments, transport, wire
 from diode.batching import DatagramBuilder
-from diode.kafka import producer_config
+from diode.kafka import admin_config, client_settings, create_topic, producer_config
 from diode.records import provenance_headers
 from diode.worker import Stage as BaseStage
 
@@ -176,7 +177,8 @@ class Stage(BaseStage):
             self._ack(tag)
             return
         if self.dlq is None:
-            self.dlq = Producer(producer_config(self.t.sender.kafka, **{
+            self._create_dead_letter_topic(topic)
+            self.dlq = Producer(producer_config(client_settings(self.t, "sender"), **{
                 "message.max.bytes": 1_000_000_000}))  # whatever the source cluster held
         headers = provenance_headers(record) + [
             ("diodeError", f"record of {size} bytes exceeds sender.max.record.bytes "
@@ -197,6 +199,15 @@ class Stage(BaseStage):
                 break
             except BufferError:
                 self.dlq.poll(0.1)
+
+    def _create_dead_letter_topic(self, topic: str) -> None:
+        try:
+            if create_topic(AdminClient(admin_config(client_settings(self.t, "sender"))),
+                            topic, 1):
+                self.log.info("created the dead-letter topic %s", topic)
+        except KafkaException as exc:  # the producer reports what this means for the record
+            self.log.warning("could not create the dead-letter topic %s: %s", topic,
+                             exc.args[0])
 
     def _ack(self, tag):
         reader, msg_id = tag

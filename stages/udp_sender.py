@@ -17,6 +17,7 @@ from diode.worker import Stage as BaseStage
 
 # UDP and IPv4 headers: pacing counts what the link carries.
 IP_UDP_OVERHEAD = 28
+MAX_PENDING_ACKS = 100_000  # per reader, while it cannot be reached
 
 
 class Stage(BaseStage):
@@ -39,6 +40,8 @@ class Stage(BaseStage):
         if self.backlog:
             self._send_backlog()
             return True
+        if self.pending_acks:
+            self._flush_acks()
         got = self.input.poll(50)
         if self.drained(idle=not got):
             return False
@@ -71,12 +74,18 @@ class Stage(BaseStage):
         self._flush_acks()
 
     def _flush_acks(self):
-        for reader, acks in self.pending_acks.items():
+        """Send each reader its acknowledgements. A reader not connected yet (at start, or
+        restarting) gets them at a later step; past MAX_PENDING_ACKS the oldest go (a reader
+        that is gone rewinds, and its successor ignores acknowledgements of messages it did not
+        send)."""
+        for reader in list(self.pending_acks):
+            acks = self.pending_acks[reader]
             try:
                 self.acks[reader].send(transport.dumps(acks), zmq.NOBLOCK)
             except zmq.Again:
-                pass  # that reader is gone; its successor re-reads from its commits
-        self.pending_acks.clear()
+                del acks[:-MAX_PENDING_ACKS]
+                continue
+            del self.pending_acks[reader]
 
     def close(self):
         self.sock.close()

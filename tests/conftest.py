@@ -15,24 +15,43 @@ import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from diode.brokers import EmbeddedBroker, free_port
+from diode.brokers import free_port, make_broker, start_all
 from diode.metrics import read_counter
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+BROKER_KINDS = ("kafka", "tansu")
+
+
+@pytest.fixture(params=BROKER_KINDS)
+def broker_kind(request) -> str:
+    """Tests that take this (or `brokers`) run once on Apache Kafka and once on Tansu."""
+    return request.param
+
+
 @pytest.fixture
-def brokers(tmp_path):
-    """A source and a destination broker on free ports."""
+def start_brokers(tmp_path):
+    """start(kind, *names, **kafka_options): embedded brokers on free ports, started side by
+    side, stopped at the end of the test (logs in tmp_path/<name>.log)."""
     started = []
-    try:
-        for name in ("source", "destination"):
-            b = EmbeddedBroker(name, f"127.0.0.1:{free_port()}", str(tmp_path / f"{name}.log"))
-            started.append(b.start())
-        yield tuple(started)
-    finally:
-        for b in started:
-            b.stop()
+
+    def start(kind: str, *names: str, **options) -> list:
+        made = [make_broker(kind, name, f"127.0.0.1:{free_port()}", str(tmp_path / f"{name}.log"),
+                            **options) for name in names]
+        start_all(made)
+        started.extend(made)
+        return made
+
+    yield start
+    for b in started:
+        b.stop()
+
+
+@pytest.fixture
+def brokers(start_brokers, broker_kind):
+    """A source and a destination broker of each kind in turn."""
+    return tuple(start_brokers(broker_kind, "source", "destination"))
 
 
 def deep_merge(base: dict, extra: dict) -> dict:
@@ -158,34 +177,52 @@ def launch(tmp_path):
 
 # -- Kafka helpers -------------------------------------------------------------------------------
 
-def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for fut in admin.create_topics([NewTopic(topic, partitions)]).values():
+# The helpers take a bootstrap string, or a dict of librdkafka settings (SASL, TLS).
+
+def client(cluster, **extra) -> dict:
+    conf = {"bootstrap.servers": cluster} if isinstance(cluster, str) else dict(cluster)
+    return {**conf, **extra}
+
+
+def create_topic(bootstrap, topic: str, partitions: int, config: dict | None = None) -> None:
+    admin = AdminClient(client(bootstrap))
+    for fut in admin.create_topics([NewTopic(topic, partitions,
+                                             config=config or {})]).values():
         fut.result(10)
 
 
-def produce(bootstrap: str, topic: str, records) -> None:
-    """records: dicts with value and optional key, headers, timestamp, partition."""
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
-                  "message.max.bytes": 20_000_000})
+# Source timestamps an hour old: recent enough that no broker's retention (7 days by default,
+# by record timestamp) deletes them while a test runs.
+RECENT_MS = (int(time.time()) - 3600) * 1000
+
+
+def produce(bootstrap, topic: str, records) -> None:
+    """records: dicts with value and optional key, headers, timestamp, partition. Every record
+    must be acknowledged by the broker."""
+    p = Producer(client(bootstrap, **{"linger.ms": 5, "message.max.bytes": 20_000_000}))
+    failed = []
+
+    def delivered(err, msg):
+        if err is not None:
+            failed.append(err)
     for r in records:
         while True:
             try:
-                p.produce(topic, **r)
+                p.produce(topic, on_delivery=delivered, **r)
                 break
             except BufferError:
                 p.poll(0.1)
         p.poll(0)
     assert p.flush(30) == 0
+    assert not failed, f"{len(failed)} record(s) not written to {topic}: {failed[0]}"
 
 
-def consume(bootstrap: str, topic: str, expected: int, timeout: float = 60,
+def consume(bootstrap, topic: str, expected: int, timeout: float = 60,
             idle: float = 0.0, distinct=None) -> list:
     """Every record of `topic` from the beginning, until `expected` have come (then `idle`
     seconds more, to catch extras) or `timeout`. With `distinct` (message -> key), count
     distinct keys: duplicates do not make up for missing records."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-reader",
-                  "enable.auto.commit": False})
+    c = Consumer(client(bootstrap, **{"group.id": "test-reader", "enable.auto.commit": False}))
     out, keys = [], set()
     deadline = time.monotonic() + timeout
     try:
@@ -211,8 +248,8 @@ def consume(bootstrap: str, topic: str, expected: int, timeout: float = 60,
     return out
 
 
-def topics(bootstrap: str) -> dict:
-    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
+def topics(bootstrap) -> dict:
+    md = AdminClient(client(bootstrap)).list_topics(timeout=10)
     return {name: len(t.partitions) for name, t in md.topics.items()}
 
 

@@ -348,18 +348,51 @@ def _pick(spec, topic, partition, default):
     return default if o < 0 else o
 
 
+def connector_bundle():
+    """Spark's own Kafka connector, spark-sql-kafka-0-10, for the installed Spark version."""
+    import pyspark
+
+    from diode import maven
+    v = pyspark.__version__
+    return maven.Bundle(f"spark-sql-kafka-0-10_2.13-{v}",
+                        (f"org.apache.spark:spark-sql-kafka-0-10_2.13:{v}",),
+                        f"Spark's Kafka connector for Spark {v}")
+
+
+def connector_jars(mode: str) -> list[str]:
+    """The jars to add to a new SparkSession for `mode`: for native, Spark's Kafka connector
+    (fetched through mvn the first time); for auto, the same when it is in the cache already;
+    for python, none. Jars Spark ships itself (Hadoop, Scala, ...) are left out."""
+    from pathlib import Path
+
+    import pyspark
+
+    from diode import maven
+    bundle = connector_bundle()
+    if mode == "python" or (mode == "auto" and not maven.cached(bundle)):
+        return []
+    shipped = {_artifact(p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return [j for j in maven.jars(bundle) if _artifact(Path(j).name) not in shipped]
+
+
+def _artifact(jar_name: str) -> str:
+    """commons-pool2-2.12.0.jar -> commons-pool2"""
+    return re.sub(r"-\d[^-]*(-[A-Za-z0-9.]+)?\.jar$", "", jar_name)
+
+
 def choose_format(spark, mode: str = "auto") -> str:
     """`kafka` (spark-sql-kafka, when on the classpath) or this source, `diode_kafka`."""
     if mode == "python":
         return _register(spark)
     if mode == "native":
         return "kafka"
-    try:
-        spark._jvm.java.lang.Class.forName(
-            "org.apache.spark.sql.kafka010.KafkaSourceProvider")
-        return "kafka"
-    except Exception:
-        return _register(spark)
+    try:  # Spark's class loader: it also sees the jars of spark.jars
+        if spark._jvm.org.apache.spark.util.Utils.classIsLoadable(
+                "org.apache.spark.sql.kafka010.KafkaSourceProvider"):
+            return "kafka"
+    except Exception:  # noqa: BLE001 - Spark Connect, or no JVM to ask: the Python source
+        pass
+    return _register(spark)
 
 
 def _register(spark) -> str:

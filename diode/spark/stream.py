@@ -268,7 +268,7 @@ def main(args) -> int:
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append("SIGTERM"))
     say(f"starting Spark ({args.master or 'spark-submit master or local[*]'})")
-    spark = session(args.master)
+    spark = session(args.master, source=args.format)
     try:
         query, auditor = start(spark, args)
         say(f"streaming audit of {pattern_of(args)} on {args.bootstrap}: a batch every "

@@ -22,13 +22,16 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from diode.spark.kafka_source import choose_format
+from diode.spark.kafka_source import choose_format, connector_jars
 
 MISSING = "array<struct<first: long, last: long>>"
 
 
-def session(master: str | None = None, app: str = "diode verify") -> SparkSession:
-    """The SparkSession: `master` if given; else spark-submit's (--master), else local[*]."""
+def session(master: str | None = None, app: str = "diode verify",
+            source: str = "auto") -> SparkSession:
+    """The SparkSession: `master` if given; else spark-submit's (--master), else local[*].
+    With `source` native (or auto, once it is cached) Spark's Kafka connector is on its
+    classpath (kafka_source.connector_jars); under spark-submit, pass --jars yourself."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     logging.getLogger("py4j").setLevel(logging.WARNING)  # not its INFO chatter at exit
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # started by spark-submit
@@ -37,6 +40,9 @@ def session(master: str | None = None, app: str = "diode verify") -> SparkSessio
     if master or not submitted:
         master = master or "local[*]"
         builder = builder.master(master)
+    jars = connector_jars(source)
+    if jars and not submitted:
+        builder = builder.config("spark.jars", ",".join(jars))
     if master and master.startswith("local"):  # one machine: small shuffles, no web UI
         builder = builder.config("spark.sql.shuffle.partitions", "8") \
             .config("spark.ui.enabled", "false")
@@ -296,7 +302,7 @@ def audit_once(args) -> int:
     """The batch audit: the table, the JSON report, the manifest; 1 when anything is missing."""
     started = time.monotonic()
     say(f"starting Spark ({args.master or 'spark-submit master or local[*]'})")
-    spark = session(args.master)
+    spark = session(args.master, source=args.format)
     try:
         pattern = pattern_of(args)
         say(f"auditing the topics matching {pattern} on {args.bootstrap} "

@@ -9,8 +9,8 @@ import time
 import psutil
 from confluent_kafka import Consumer, TopicPartition
 
-from tests.conftest import (consume, create_topic, headers_of, produce, source_coordinates,
-                            topics, write_topology)
+from tests.conftest import (RECENT_MS, consume, create_topic, headers_of, produce,
+                            source_coordinates, topics, write_topology)
 
 SENDER, RECEIVER = 3, 3  # default worker processes per side
 
@@ -23,7 +23,7 @@ def test_records_arrive_intact_with_provenance(tmp_path, brokers, launch):
         r = {"value": f"value-{i}-".encode() * random.randint(1, 40),
              "key": None if i % 7 == 0 else f"key-{i % 13}".encode(),
              "headers": [("trace", f"t{i}".encode()), ("empty", None)] if i % 2 else [],
-             "timestamp": 1_700_000_000_000 + i, "partition": i % 3}
+             "timestamp": RECENT_MS + i, "partition": i % 3}
         sent.append(r)
     produce(src.bootstrap, "src", sent)
     topo = write_topology(tmp_path, src.bootstrap, dst.bootstrap, compression="zstd")
@@ -169,18 +169,19 @@ def test_garbage_datagrams_crash_nothing_and_write_nothing(tmp_path, brokers, la
     assert [m.value() for m in consume(dst.bootstrap, "dst_src", 1)] == [b"after the garbage"]
 
 
-def test_sender_started_before_its_source_cluster_waits_and_loses_nothing(tmp_path, launch):
+def test_sender_started_before_its_source_cluster_waits_and_loses_nothing(tmp_path, launch,
+                                                                         broker_kind):
     """A source broker that is down: clear errors, no crash, replication once it is up."""
-    from diode.brokers import EmbeddedBroker
+    from diode.brokers import make_broker
     from tests.conftest import free_port
     sp = free_port()
-    dst = EmbeddedBroker("destination", f"127.0.0.1:{free_port()}").start()
+    dst = make_broker(broker_kind, "destination", f"127.0.0.1:{free_port()}").start()
     try:
         topo = write_topology(tmp_path, f"127.0.0.1:{sp}", dst.bootstrap)
         d = launch(topo, workers=SENDER + RECEIVER)
         time.sleep(3)
         workers = {name: p.pid for name, p in d.workers().items()}
-        src = EmbeddedBroker("source", f"127.0.0.1:{sp}").start()
+        src = make_broker(broker_kind, "source", f"127.0.0.1:{sp}").start()
         try:
             create_topic(src.bootstrap, "src", 2)
             produce(src.bootstrap, "src", [{"value": b"late %d" % i, "partition": i % 2}
@@ -262,14 +263,16 @@ def test_record_over_the_record_limit_goes_to_the_dead_letter_topic(tmp_path, br
     assert tp.offset == 3
 
 
-def test_sigterm_drains_and_leaves_no_process_behind(tmp_path, launch):
+def test_sigterm_drains_and_leaves_no_process_behind(tmp_path, launch, broker_kind):
     """With embedded brokers started by the launch itself, as the demo does; workers pinned."""
     from tests.conftest import free_port
     sp, dp = free_port(), free_port()
     topo = write_topology(
         tmp_path, f"127.0.0.1:{sp}", f"127.0.0.1:{dp}",
-        brokers=[{"name": "source", "side": "sender", "listen": f"127.0.0.1:{sp}"},
-                 {"name": "destination", "side": "receiver", "listen": f"127.0.0.1:{dp}"}],
+        brokers=[{"name": "source", "kind": broker_kind, "side": "sender",
+                  "listen": f"127.0.0.1:{sp}"},
+                 {"name": "destination", "kind": broker_kind, "side": "receiver",
+                  "listen": f"127.0.0.1:{dp}"}],
         receiver={"stages": {"unpacker": {"cpus": [1]}, "kafka_writer": {"cpus": [0, 1]}}})
     d = launch(topo, workers=SENDER + RECEIVER)
     workers = d.workers()

@@ -14,7 +14,7 @@ from diode.spark.verify import (
     provenance,
     report,
 )
-from tests.conftest import consume, create_topic, produce
+from tests.conftest import RECENT_MS, consume, create_topic, produce
 
 
 def origin(topic, partition, offset):
@@ -33,7 +33,7 @@ def plant(bootstrap):
     order[i], order[j] = order[j], order[i]
     recs = [{"value": b"a0-%d" % o, "partition": 0, "headers": origin("a", 0, o)}
             for o in order + [7]]
-    t = 1_700_000_000_000
+    t = RECENT_MS
     # a1@2 crossed an upstream diode before: its own headers repeat keys and hold that
     # diode's provenance; the last (nearest) provenance counts
     upstream = [("trace", b"1"), ("trace", b"2"), ("sourceOffset", b"999")]
@@ -45,6 +45,7 @@ def plant(bootstrap):
     create_topic(bootstrap, "dst_b", 1)
     produce(bootstrap, "dst_b", [{"value": b"b", "headers": origin("b", 0, o)}
                                  for o in range(100, 105)])
+    create_topic(bootstrap, "not_replicated", 1)
     produce(bootstrap, "not_replicated", [{"value": b"no provenance"}])
     create_topic(bootstrap, "beats", 1)
     produce(bootstrap, "beats", [{"value": json.dumps({"lastSent": [
@@ -56,7 +57,7 @@ def test_python_kafka_source_reads_every_record_with_the_native_schema(spark, br
     src, _ = brokers
     create_topic(src.bootstrap, "t", 3)
     produce(src.bootstrap, "t", [{"value": b"%d" % i, "key": b"k", "partition": i % 3,
-                                  "headers": [("h", b"v")], "timestamp": 1_700_000_000_000}
+                                  "headers": [("h", b"v")], "timestamp": RECENT_MS}
                                  for i in range(3000)])
     fmt = choose_format(spark, "python")
     df = (spark.read.format(fmt).option("kafka.bootstrap.servers", src.bootstrap)
@@ -68,7 +69,7 @@ def test_python_kafka_source_reads_every_record_with_the_native_schema(spark, br
     assert sorted(int(r.value) for r in rows) == list(range(3000))
     r = rows[0]
     assert r.key == b"k" and r.headers[0].key == "h" and r.headers[0].value == b"v"
-    assert r.timestampType == 0 and r.timestamp.year == 2023
+    assert r.timestampType == 0 and r.timestamp.timestamp() * 1000 == RECENT_MS
     ending = (spark.read.format(fmt).option("kafka.bootstrap.servers", src.bootstrap)
               .option("subscribe", "t").option("endingOffsets", json.dumps({"t": {"0": 10}}))
               .load().where("partition = 0").count())
@@ -105,8 +106,29 @@ def test_audit_names_exactly_the_planted_gaps_duplicates_and_reordering(spark, b
         {"topic": "b", "partition": 0, "ranges": [[97, 99]]}]}
 
 
+def test_native_kafka_source_gives_the_same_audit_as_the_python_source(spark,
+                                                                      start_brokers):
+    """spark-sql-kafka (fetched through mvn) and diode's Python source, on the same topics:
+    the same report. Apache Kafka only: the native source trusts ListOffsets, which Tansu
+    answers short."""
+    dst, = start_brokers("kafka", "destination")
+    plant(dst.bootstrap)
+    reports = {}
+    for source, fmt in (("python", "diode_kafka"), ("native", "kafka")):
+        assert choose_format(spark, source) == fmt
+        rows = extract(spark, dst.bootstrap, "dst_.*", source)
+        beats = extract_heartbeats(spark, dst.bootstrap, "beats", source)
+        reports[source] = report(audit(provenance(rows), beats))
+    assert reports["native"]["totals"]["missing"] == 9
+    assert reports["native"] == reports["python"]
+    assert choose_format(spark, "auto") == "kafka"  # on the classpath: the native one
+
+
 def test_verify_command_prints_the_table_and_exits_1_when_records_are_missing(brokers,
+                                                                            broker_kind,
                                                                             tmp_path):
+    """On Apache Kafka through Spark's own connector (--format native: the session fetches
+    and loads it), on Tansu through the Python source."""
     src, dst = brokers
     plant(dst.bootstrap)
     create_topic(src.bootstrap, "b", 1)  # the source of dst_b, for the comparison
@@ -116,7 +138,8 @@ def test_verify_command_prints_the_table_and_exits_1_when_records_are_missing(br
                         "--prefix", "dst_", "--heartbeat-topic", "beats", "--json", str(out),
                         "--manifest", str(tmp_path / "manifest.json"), "--master", "local[2]",
                         "--source-bootstrap", src.bootstrap,
-                        "--format", "python"], capture_output=True, text=True, timeout=300)
+                        "--format", "native" if broker_kind == "kafka" else "python"],
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "a[0]" in r.stdout and "3..4, 15..15, 20..22" in r.stdout
     # b[0] holds offsets 0..104 at the source; the destination has only 100..104

@@ -10,7 +10,7 @@ import zmq
 from diode import codec, crypto, transport, wire
 from diode.metrics import Metrics
 from diode.records import Record
-from diode.topology import WorkerSpec, from_dict
+from diode.topology import WorkerSpec, endpoint, from_dict
 from diode.worker import Secrets, StageContext, stage_class
 from tests.conftest import free_port
 
@@ -162,6 +162,34 @@ def test_packer_fills_datagrams_and_reports_what_each_carries(zctx):
     assert got == recs  # in order, each once
     assert acks == {77: 300, 78: 200}
     assert p.metrics.get("datagrams") > 10  # 500 records of ~40 bytes do not fit in one
+
+
+def test_udp_sender_keeps_acknowledgements_until_its_reader_is_there(zctx, tmp_path):
+    """At start the udp_sender may send before its reader's acknowledgement socket exists (ipc,
+    as launched). The acknowledgements wait for it: dropped, they would stall the reader until
+    its inflight timeout and make it read and send everything again."""
+    t = topology()
+    link = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    link.bind(("127.0.0.1", t.link.port))
+    run_dir = str(tmp_path)
+    s = stage_class("udp_sender")(StageContext(t, WorkerSpec("sender", "udp_sender", 0, ()),
+                                               run_dir, Secrets(1, MASTER), zctx,
+                                               Metrics({"stage": "udp_sender"})))
+    s.open()
+    feed = transport.push(zctx, [endpoint(run_dir, "sender", "udp_sender", 0)], 10)
+    feed.send_multipart([transport.dumps([[(0, 77, 5)], [(0, 78, 2)]]), b"one", b"two"])
+    run_until(s, lambda: s.metrics.get("datagrams") == 2)
+    for _ in range(3):
+        s.step()  # no reader yet
+    acks = transport.pull(zctx, endpoint(run_dir, "sender", "kafka_reader", 0, "acks"), 10)
+    got = []
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
+        s.step()
+        got += [transport.loads(f[0]) for f in transport.drain(acks)]
+    assert got == [[(77, 5), (78, 2)]]
+    assert link.recv(100) == b"one"
+    link.close()
 
 
 def _unpacker_for_fuzzing():

@@ -212,6 +212,9 @@ def test_stage_of_the_other_side_is_unknown():
      "supervisor.heartbeat.timeout.seconds: must be more than 0"),
     ({"security": {"allow.plaintext": "yes"}}, "security.allow.plaintext: must be true or false"),
     ({"receiver": {"topic.rename": {"a": ""}}}, "receiver.topic.rename.a: must be a topic name"),
+    ({"brokers": [{"kind": "redpanda"}]}, "brokers[0].kind: must be one of kafka, tansu"),
+    ({"brokers": [{"kind": "tansu", "data.dir": "d"}]},
+     "brokers[0]: data.dir and config are for kind kafka"),
 ])
 def test_single_problems(data, fragment):
     base = minimal()
@@ -273,6 +276,52 @@ def test_empty_file_is_a_topology_error(tmp_path):
 def test_the_demo_topology_is_valid():
     t = topology.load(ROOT / "topology.yaml", cpu_count=64)
     assert len(topology.plan(t)) == 6
+    assert [b.kind for b in t.brokers] == ["tansu", "tansu"]  # the faster start (README)
+
+
+# -- Kafka settings: secrets from files and the environment, never in the file ----------------
+
+@pytest.mark.parametrize("key", topology.SECRET_KAFKA_KEYS)
+def test_a_kafka_secret_written_in_the_topology_is_refused_without_echoing_it(key):
+    problems = problems_of(minimal(receiver={"kafka": {"bootstrap.servers": "low:9092",
+                                                       key: "hunter2"}}))
+    assert problems == [f"receiver.kafka.{key}: a secret must not be written in the topology "
+                        "file: give ${file:PATH} (a file holding it) or ${env:NAME} instead"]
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("${env:}", "${env:} names no variable"),
+    ("${file: }", "${file:} names no file"),
+    ("${vault:x}", "a ${ that is not ${env:NAME} or ${file:PATH}"),
+    ("pre${env:X", "a ${ that is not"),
+])
+def test_malformed_references_are_reported(value, fragment):
+    problems = problems_of(minimal(sender={"kafka": {"bootstrap.servers": "h:1",
+                                                     "sasl.username": value}}))
+    assert any(p.startswith("sender.kafka.sasl.username: " + fragment) for p in problems), \
+        problems
+
+
+def test_references_resolve_from_a_file_beside_the_topology_and_the_environment(tmp_path,
+                                                                                 monkeypatch):
+    from diode.errors import SecretError
+    from diode.kafka import client_settings, consumer_config
+    (tmp_path / "pw").write_text("from-the-file\n")
+    monkeypatch.setenv("DIODE_TEST_USER", "alice")
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(minimal(sender={"kafka": {
+        "bootstrap.servers": "h:1", "sasl.username": "${env:DIODE_TEST_USER}",
+        "sasl.password": "${file:pw}", "client.id": "diode-${env:DIODE_TEST_USER}-1"}})))
+    t = topology.load(path)
+    assert t.sender.kafka["sasl.password"] == "${file:pw}"  # the topology keeps the reference
+    conf = client_settings(t, "sender")
+    assert (conf["sasl.username"], conf["sasl.password"], conf["client.id"]) == \
+        ("alice", "from-the-file", "diode-alice-1")
+    assert consumer_config(t)["sasl.password"] == "from-the-file"
+    monkeypatch.delenv("DIODE_TEST_USER")
+    with pytest.raises(SecretError, match="DIODE_TEST_USER"):
+        client_settings(t, "sender")
+    assert client_settings(t, "receiver") == {"bootstrap.servers": "low:9092"}
 
 
 # -- plan ----------------------------------------------------------------------------------------
