@@ -360,8 +360,9 @@ def add_arguments(p) -> None:
     p.add_argument("--manifest", help="write the resend manifest (missing ranges)")
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     p.add_argument("--format", choices=("auto", "native", "python"), default="auto",
-                   help="Kafka source: spark-sql-kafka (native), diode's Python source, or "
-                   "native when on the classpath (auto)")
+                   help="Kafka source: Spark's spark-sql-kafka (native; fetched through mvn "
+                   "the first time), diode's Python source (python; no JVM jars), or native "
+                   "when on the classpath or cached, else python (auto)")
     s = p.add_argument_group("streaming mode (--stream): keep auditing as records arrive")
     s.add_argument("--stream", action="store_true", help="audit continuously; report missing "
                    "ranges and later fills as they are seen")
