@@ -273,8 +273,9 @@ class BrokerSettings:
     listen: str = setting("127.0.0.1:9092", "host:port it listens on and advertises.",
                           host_port)
     data_dir: str = setting("", "kafka: directory for its records and configuration, kept "
-                            "after the launch stops (relative to the topology file); empty: a "
-                            "directory in the run directory, removed at exit.")
+                            "after the launch stops (relative to the topology file); empty: "
+                            "broker-<name> in the run directory (gone at exit unless "
+                            "supervisor.run.dir or --run-dir keeps it).")
     config: dict = setting({}, "kafka: server.properties settings added or overridden.",
                            example={"log.retention.hours": 1})
 

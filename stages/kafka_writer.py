@@ -203,8 +203,7 @@ class Stage(BaseStage):
         for r in self.backlog:
             topic = self.destination(r.topic)
             n = self.dest_partitions.get(topic)
-            if n is None and not self._ensure_topic(topic, max(1, min(int(
-                    self.source_partitions.get(r.topic, 1)), MAX_PARTITIONS))):
+            if n is None and not self._ensure_topic(topic, self._source_partitions(r.topic)):
                 time.sleep(0.05)  # not visible yet: keep the records, in order, and retry
                 break
             kwargs = {"partition": r.partition} if r.partition < self.dest_partitions[topic] \
@@ -232,6 +231,10 @@ class Stage(BaseStage):
                        headers.get("sourceTopic", b"?").decode(),
                        headers.get("sourcePartition", b"?").decode(),
                        headers.get("sourceOffset", b"?").decode(), msg.topic(), err)
+
+    def _source_partitions(self, source_topic: str) -> int:
+        """The partition count the sender gave for a source topic (a new destination's)."""
+        return max(1, min(int(self.source_partitions.get(source_topic, 1)), MAX_PARTITIONS))
 
     def _ensure_topic(self, topic: str, partitions: int) -> bool:
         """Learn a destination topic's partition count, creating the topic with `partitions` if

@@ -1,6 +1,7 @@
-"""Fixtures shared by the stage and integration tests: free ports, embedded brokers, topologies,
-a launched diode, and Kafka helpers that cope with the embedded broker's quirks (DESIGN.md §7:
-its "latest" offset is wrong, so consumers read until they have what they expect)."""
+"""Fixtures shared by the stage and integration tests: free ports, embedded brokers (Apache Kafka
+and Tansu, through diode.brokers: a test that takes `brokers` runs on each), topologies, a
+launched diode, and Kafka helpers that work on both (Tansu's "latest" offset is wrong, DESIGN.md
+§7, so consumers read until they have what they expect)."""
 
 import signal
 import socket

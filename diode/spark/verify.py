@@ -40,8 +40,8 @@ def session(master: str | None = None, app: str = "diode verify",
     if master or not submitted:
         master = master or "local[*]"
         builder = builder.master(master)
-    jars = connector_jars(source)
-    if jars and not submitted:
+    jars = [] if submitted else connector_jars(source)
+    if jars:
         builder = builder.config("spark.jars", ",".join(jars))
     if master and master.startswith("local"):  # one machine: small shuffles, no web UI
         builder = builder.config("spark.sql.shuffle.partitions", "8") \
