@@ -46,15 +46,13 @@ def jars(bundle: Bundle) -> list[str]:
     """The bundle's jar files, resolved through mvn the first time (a clear DiodeError when
     that cannot be done)."""
     home = cache_dir() / bundle.name
-    lib = home / "lib"
-    if (home / "complete").exists():
-        return sorted(str(p) for p in lib.glob("*.jar"))
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be resolving the same bundle
-        if not (home / "complete").exists():
-            _resolve(bundle, home, lib)
-    return sorted(str(p) for p in lib.glob("*.jar"))
+    if not cached(bundle):
+        home.mkdir(parents=True, exist_ok=True)
+        with open(home / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be resolving it too
+            if not cached(bundle):
+                _resolve(bundle, home, home / "lib")
+    return sorted(str(p) for p in (home / "lib").glob("*.jar"))
 
 
 def _resolve(bundle: Bundle, home: Path, lib: Path) -> None:

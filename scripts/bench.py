@@ -47,6 +47,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from diode.brokers import KINDS, EmbeddedBroker, free_port, make_broker  # .venv: diode installed
+from diode.kafka import producer_config
 from diode.metrics import read_counter
 
 REPO = Path(__file__).resolve().parent.parent
@@ -530,9 +531,7 @@ def relay_main(argv) -> int:
     c = Consumer({"bootstrap.servers": src, "group.id": "bench-relay",
                   "enable.auto.commit": False})
     c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-    # The kafka_writer's producer settings (diode.kafka.producer_config).
-    p = Producer({"bootstrap.servers": dst, "linger.ms": 5, "acks": "all",
-                  "enable.idempotence": True})
+    p = Producer(producer_config({"bootstrap.servers": dst}))  # the kafka_writer's settings
     done = 0
     idle_since = time.monotonic()
     while done < count and time.monotonic() - idle_since < 30:

@@ -249,6 +249,23 @@ def consume(bootstrap, topic: str, expected: int, timeout: float = 60,
     return out
 
 
+def committed_offsets(cluster, group: str, topic: str, partitions: int, expected=None,
+                      timeout: float = 10.0) -> list:
+    """The consumer group's committed offsets of topic's partitions; with `expected`, polled
+    until they are that or `timeout` passes (the last reading is returned either way)."""
+    c = Consumer(client(cluster, **{"group.id": group}))
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            offsets = [tp.offset for tp in c.committed(
+                [TopicPartition(topic, p) for p in range(partitions)], timeout=5)]
+            if expected is None or offsets == expected or time.monotonic() > deadline:
+                return offsets
+            time.sleep(0.3)
+    finally:
+        c.close()
+
+
 def topics(bootstrap) -> dict:
     md = AdminClient(client(bootstrap)).list_topics(timeout=10)
     return {name: len(t.partitions) for name, t in md.topics.items()}

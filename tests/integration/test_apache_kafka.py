@@ -10,22 +10,13 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from diode.linksim import Faults, FaultSettings
-from tests.conftest import (client, consume, create_topic, headers_of, produce,
-                            source_coordinates, write_topology)
+from tests.conftest import (client, committed_offsets, consume, create_topic, headers_of,
+                            produce, source_coordinates, write_topology)
 from tests.integration.test_hostile_link import Link, missing_offsets, settle
 
 SENDER, RECEIVER = 3, 3
 FAST_HEARTBEATS = {"sender": {"heartbeat.interval.ms": 300},
                    "receiver": {"reorder.wait.ms": 500, "missing.records.topic": "missing"}}
-
-
-def committed_offsets(cluster, group: str, topic: str, partitions: int) -> list:
-    c = Consumer(client(cluster, **{"group.id": group}))
-    try:
-        return [tp.offset for tp in c.committed([TopicPartition(topic, p)
-                                                 for p in range(partitions)], timeout=10)]
-    finally:
-        c.close()
 
 
 def end_offsets(cluster, topic: str, partitions: int) -> list:
@@ -92,8 +83,7 @@ def test_transactional_source_replicates_committed_records_only_without_false_ga
     assert d.metric("missing_records", "kafka_writer") == 0
     # The consumer group has consumed the whole topic (no lag of 1 on the final marker).
     ends = end_offsets(src.bootstrap, "src", 2)
-    wait_for(lambda: committed_offsets(src.bootstrap, "diode-test", "src", 2) == ends, 10,
-             f"committed offsets at the ends {ends}")
+    assert committed_offsets(src.bootstrap, "diode-test", "src", 2, ends) == ends
     assert d.stop() == 0
 
 

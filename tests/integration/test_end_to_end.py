@@ -7,10 +7,10 @@ import threading
 import time
 
 import psutil
-from confluent_kafka import Consumer, TopicPartition
 
-from tests.conftest import (RECENT_MS, consume, create_topic, headers_of, produce,
-                            source_coordinates, topics, write_topology)
+from tests.conftest import (RECENT_MS, committed_offsets, consume, create_topic,
+                            headers_of, produce, source_coordinates, topics,
+                            write_topology)
 
 SENDER, RECEIVER = 3, 3  # default worker processes per side
 
@@ -52,15 +52,8 @@ def test_records_arrive_intact_with_provenance(tmp_path, brokers, launch):
         assert sorted(o for t, pp, o in coords if pp == p) == list(range(100))
 
     # The sent prefix is committed to the source cluster's consumer group (lag tools see it).
-    c = Consumer({"bootstrap.servers": src.bootstrap, "group.id": "diode-test"})
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        committed = c.committed([TopicPartition("src", p) for p in range(3)], timeout=5)
-        if [tp.offset for tp in committed] == [100, 100, 100]:
-            break
-        time.sleep(0.3)
-    c.close()
-    assert [tp.offset for tp in committed] == [100, 100, 100]
+    assert committed_offsets(src.bootstrap, "diode-test", "src", 3, [100, 100, 100]) == \
+        [100, 100, 100]
     assert d.stop() == 0
 
 
@@ -252,15 +245,7 @@ def test_record_over_the_record_limit_goes_to_the_dead_letter_topic(tmp_path, br
     assert (h["sourceTopic"], h["sourcePartition"], h["sourceOffset"]) == (b"src", b"0", b"1")
     assert "src[0]@1 (5000 bytes) is larger than sender.max.record.bytes" in d.output()
     # The record was handled, so the committed offset moves past it.
-    c = Consumer({"bootstrap.servers": src.bootstrap, "group.id": "diode-test"})
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        (tp,) = c.committed([TopicPartition("src", 0)], timeout=5)
-        if tp.offset == 3:
-            break
-        time.sleep(0.3)
-    c.close()
-    assert tp.offset == 3
+    assert committed_offsets(src.bootstrap, "diode-test", "src", 1, [3]) == [3]
 
 
 def test_sigterm_drains_and_leaves_no_process_behind(tmp_path, launch, broker_kind):
