@@ -1,17 +1,20 @@
-"""Filling datagrams with records: pure logic of the packer, testable without sockets.
+"""Filling datagrams with runs: pure logic of the packer, testable without sockets.
 
-Records are added in order with a tag (who to tell once they are sent). The builder seals a
-datagram when the next record would not fit, and never makes a datagram larger than the limit:
-without compression the size bound of the Avro encoding is exact enough; with compression it
-aims at the running compression ratio and splits a batch that came out too large.
+Runs (diode.runs) are added in order with a tag (who to tell once their records are sent). A run
+goes into the datagram being filled whole when it fits; otherwise the datagram is sealed and the
+run starts the next, and a run larger than a datagram is cut by record. A datagram is never
+larger than the limit: without compression a run's length is its exact size; with compression
+the builder aims at the running compression ratio and splits a payload that came out too large.
+A single record too large for any datagram comes back as oversize (the packer fragments it).
 """
 
 from dataclasses import dataclass, field
+from itertools import accumulate
+from bisect import bisect_right
 
-from diode import codec
-from diode.records import Record
-from diode.wire import HEADER_BYTES
+from diode import codec, runs
 from diode.crypto import TAG_BYTES
+from diode.wire import HEADER_BYTES
 
 
 @dataclass
@@ -22,71 +25,86 @@ class Sealed:
     tags: dict = field(default_factory=dict)
 
 
-@dataclass
-class _Pending:
-    records: list = field(default_factory=list)
-    tags: list = field(default_factory=list)
-    size: int = codec.BATCH_OVERHEAD
-    topics: set = field(default_factory=set)
-
-
 class DatagramBuilder:
-    def __init__(self, datagram_bytes: int, seal, compressed: bool, partition_counts,
-                 compress=None):
-        """`seal(payload) -> datagram`; `partition_counts(topic) -> int`. With
-        `compress(payload) -> body`, `seal` takes the body instead, and is called only for
-        datagrams that are kept (each seal may be the one that a parity block counts on)."""
+    def __init__(self, datagram_bytes: int, seal, compressed: bool, compress=None):
+        """`seal(payload) -> datagram`. With `compress(payload) -> body`, `seal` takes the body
+        instead, and is called only for datagrams that are kept (each seal may be the one that
+        a parity block counts on)."""
         self.limit = datagram_bytes
         self.budget = datagram_bytes - HEADER_BYTES - TAG_BYTES
         self._seal = seal
         self._compress = compress
         self._compressed = compressed
-        self._partition_counts = partition_counts
         self._ratio = 1.0  # compressed / uncompressed, learnt as datagrams are sealed
-        self._pending = _Pending()
-
-    @property
-    def pending(self) -> int:
-        return len(self._pending.records)
+        self._runs: list = []   # (encoded run, tag, records)
+        self._size = 0
+        self.pending = 0        # records waiting in the datagram being filled
 
     def _target(self) -> int:
         if not self._compressed:
             return self.budget
         return min(codec.MAX_BATCH_BYTES, int(self.budget / max(self._ratio, 0.02) * 0.9))
 
-    def add(self, record: Record, tag) -> tuple[list[Sealed], list]:
-        """Add a record. Returns (sealed datagrams, records too large for any datagram) — the
-        latter as (record, tag) pairs."""
-        size = codec.encoded_size_bound(record)
-        if record.topic not in self._pending.topics:
-            size += codec.TOPIC_ENTRY_OVERHEAD + len(record.topic.encode())
+    def add(self, run: bytes, tag, records: int) -> tuple[list[Sealed], list]:
+        """Add an encoded run of `records` records. Returns (sealed datagrams, single-record
+        runs too large for any datagram, as (run, tag) pairs)."""
         sealed, oversize = [], []
-        p = self._pending
-        if p.records and p.size + size > self._target():
-            s, o = self.flush()
-            sealed += s
-            oversize += o
-            p = self._pending
-            size = codec.encoded_size_bound(record) + codec.TOPIC_ENTRY_OVERHEAD + len(
-                record.topic.encode())
-        p.records.append(record)
-        p.tags.append(tag)
-        p.size += size
-        p.topics.add(record.topic)
+        target = self._target()
+        if self._size + len(run) > target:
+            if self._runs and len(run) <= target:
+                sealed += self._flush_into(oversize)
+            elif len(run) > target:
+                self._cut(run, tag, target, sealed, oversize)
+                return sealed, oversize
+        self._runs.append((run, tag, records))
+        self._size += len(run)
+        self.pending += records
         return sealed, oversize
+
+    def _cut(self, encoded: bytes, tag, target: int, sealed: list, oversize: list) -> None:
+        """A run larger than the room left: its records fill this datagram and the next ones;
+        a record that alone does not fit an empty datagram is oversize."""
+        run = runs.Run.decode(encoded)
+        overhead = runs.HEADER_BYTES + len(run.topic.encode())
+        ends = list(accumulate(run.record_sizes()))  # bytes of records [0, i] in the run
+        i, done = 0, 0  # next record; bytes of records before it
+        while i < len(run):
+            room = target - self._size - overhead
+            j = bisect_right(ends, done + room)  # records [i, j) fit the room left
+            if j == i:
+                if self._runs:  # start a new datagram and try again
+                    sealed += self._flush_into(oversize)
+                    continue
+                # alone it may fit after all: compressed, or with a shorter tag than the budget
+                # assumes; sealing it alone decides (oversize if not)
+                self._runs.append((run.take([i]).encode(), tag, 1))
+                self.pending += 1
+                sealed += self._flush_into(oversize)
+                done, i = ends[i], i + 1
+                continue
+            piece = run.take(range(i, j)).encode()
+            self._runs.append((piece, tag, j - i))
+            self._size += len(piece)
+            self.pending += j - i
+            done, i = ends[j - 1], j
+            if i < len(run):
+                sealed += self._flush_into(oversize)
 
     def flush(self) -> tuple[list[Sealed], list]:
-        p, self._pending = self._pending, _Pending()
-        if not p.records:
-            return [], []
-        sealed, oversize = [], []
-        self._seal_into(p.records, p.tags, sealed, oversize)
+        oversize = []
+        sealed = self._flush_into(oversize)
         return sealed, oversize
 
-    def _seal_into(self, records, tags, sealed, oversize):
-        counts = {t: self._partition_counts(t) for t in {r.topic for r in records}}
-        payload = codec.encode_batch(records, counts)
-        # A batch the receiver would refuse to decompress is never sent, however well it
+    def _flush_into(self, oversize: list) -> list[Sealed]:
+        pending, self._runs, self._size, self.pending = self._runs, [], 0, 0
+        sealed = []
+        if pending:
+            self._seal_into(pending, sealed, oversize)
+        return sealed
+
+    def _seal_into(self, pending, sealed, oversize):
+        payload = b"".join(run for run, _, _ in pending)
+        # A payload the receiver would refuse to decompress is never sent, however well it
         # compresses: it is split, and a single record that large is oversize.
         datagram = None
         if len(payload) <= codec.MAX_BATCH_BYTES:
@@ -103,12 +121,19 @@ class DatagramBuilder:
                 datagram = self._seal(body)
         if datagram is not None and len(datagram) <= self.limit:
             tag_counts = {}
-            for t in tags:
-                tag_counts[t] = tag_counts.get(t, 0) + 1
+            for _, tag, n in pending:
+                tag_counts[tag] = tag_counts.get(tag, 0) + n
             sealed.append(Sealed(datagram, tag_counts))
-        elif len(records) == 1:
-            oversize.append((records[0], tags[0]))
-        else:
-            half = len(records) // 2
-            self._seal_into(records[:half], tags[:half], sealed, oversize)
-            self._seal_into(records[half:], tags[half:], sealed, oversize)
+            return
+        if len(pending) > 1:
+            half = len(pending) // 2
+            self._seal_into(pending[:half], sealed, oversize)
+            self._seal_into(pending[half:], sealed, oversize)
+            return
+        encoded, tag, n = pending[0]
+        if n == 1:
+            oversize.append((encoded, tag))
+            return
+        first, second = runs.Run.decode(encoded).split_at(n // 2)
+        self._seal_into([(first.encode(), tag, n // 2)], sealed, oversize)
+        self._seal_into([(second.encode(), tag, n - n // 2)], sealed, oversize)

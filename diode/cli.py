@@ -52,6 +52,12 @@ def cmd_check(args) -> int:
         binds, connects = wiring(t, spec, run_dir)
         print(f"diode: {spec.name:<20} {cpus:<10} "
               + "; ".join([f"binds {e}" for e in binds] + [f"-> {e}" for e in connects]))
+    if args.side != "sender" and t.link.rate_mbps and not args.no_measure:
+        from diode.capacity import check_rate, measure_receiver
+        lines, warning = check_rate(t, measure_receiver(t, args.record_bytes))
+        print("\n".join(lines))
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -169,6 +175,11 @@ def main(argv=None) -> int:
     p.add_argument("--side", choices=("sender", "receiver", "both"), default="both",
                    help="the side whose ${file:...}/${env:...} Kafka settings must be readable "
                    "here (each host has its own side's secrets)")
+    p.add_argument("--record-bytes", type=int, default=1024, metavar="N",
+                   help="record size for the receiver capacity measurement (default 1024)")
+    p.add_argument("--no-measure", action="store_true",
+                   help="skip measuring whether this machine's receiver takes link.rate.mbps "
+                   "(done when the link is paced and the receiver side is checked)")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("launch", help="run a topology: brokers, supervisor and workers")

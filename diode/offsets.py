@@ -1,8 +1,8 @@
 """What the sender may commit: the longest prefix of each partition whose records were sent.
 
-A kafka_reader hands records to packers in messages; a message may hold records of several
-partitions, and its records are sent (or dead-lettered) in pieces by several processes, in any
-order. Each piece is acknowledged as (message id, record count). A partition's commit position
+A kafka_reader hands records to packers in messages of runs (diode.runs); a message may hold
+runs of several partitions, and its records are sent (or dead-lettered) in pieces by several
+processes, in any order. Each piece is acknowledged as (message id, record count). A partition's commit position
 moves past a message only when that message and every earlier message holding the partition are
 fully acknowledged. Pure logic, after MirrorMaker 2's PartitionState.
 """
@@ -19,16 +19,17 @@ class SentTracker:
         self._dirty: set = set()
         self.inflight = 0                          # records dispatched, not acknowledged
 
-    def dispatched(self, msg_id: int, records) -> None:
-        """`records` (in source order per partition) went out as message `msg_id`."""
-        last = {}
-        for r in records:
-            last[(r.topic, r.partition)] = r.offset
-        self._remaining[msg_id] = len(records)
-        self._parts[msg_id] = list(last)
-        for tp, offset in last.items():
-            self._queues.setdefault(tp, deque()).append((msg_id, offset))
-        self.inflight += len(records)
+    def dispatched(self, msg_id: int, parts) -> None:
+        """Message `msg_id` went out with, per partition, ((topic, partition), last offset,
+        record count): one entry per partition."""
+        total = 0
+        self._parts[msg_id] = []
+        for tp, last, count in parts:
+            self._parts[msg_id].append(tp)
+            self._queues.setdefault(tp, deque()).append((msg_id, last))
+            total += count
+        self._remaining[msg_id] = total
+        self.inflight += total
 
     def acknowledged(self, msg_id: int, count: int) -> None:
         """`count` records of message `msg_id` were handed to the kernel (or dead-lettered).

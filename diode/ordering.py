@@ -1,8 +1,11 @@
 """Order, duplicates and exact gaps of one source partition, at the writer that owns it.
 
 Offsets of a source partition are not contiguous (compaction, transaction markers), so the sender
-tells the chain: every record carries the offset of the previous record it sent from the same
-partition (`prev_offset`; -1 on the first record of a chain, after a sender start or rewind).
+tells the chain: records travel in runs (diode.runs) of consecutive records of the chain, and each
+run carries the offset of the record the sender sent before its first (`prev`; -1 when the run
+starts a chain, after a sender start or rewind). State is kept per run, not per record: a run
+that continues the chain is written whole; only runs that overlap what is already resolved are
+cut, by offset.
 Heartbeats add, per partition, where the sender's chain started and the last offset it has sent.
 
 From those, PartitionState keeps a *frontier*: every offset up to it is resolved, either written
@@ -19,8 +22,9 @@ busy machine: two packers' datagrams cross different unpackers and queues): the 
 twice what that record needed, up to `max_wait`, so a loaded receiver stops raising false
 alarms after the first.
 
-Memory is bounded: records waiting for a predecessor (`max_pending`; beyond it the oldest gap is
-resolved at once), reported gaps remembered for late fills (`max_gaps`), heartbeat claims.
+Memory is bounded: records waiting for a predecessor (`max_pending`, counted in records; beyond
+it the oldest gap is resolved at once), reported gaps remembered for late fills (`max_gaps`),
+heartbeat claims.
 Pure logic, after MirrorMaker 2's PartitionState: no clock, no I/O.
 """
 
@@ -28,8 +32,6 @@ import bisect
 import heapq
 from collections import deque
 from typing import NamedTuple
-
-from diode.records import RESEND, Record
 
 
 class Missing(NamedTuple):
@@ -39,15 +41,20 @@ class Missing(NamedTuple):
 
 
 class Update(NamedTuple):
-    writes: list      # records to write now, in source order
+    writes: list      # runs to write now, in source order (a fill may come after later runs)
     missing: list     # Missing ranges newly found
     filled: list      # offsets of records that filled a reported gap (written too)
 
 
-def _key(r: Record) -> int:
-    """The offset this record waits for: its predecessor, or for the first record of a chain
-    the offset just before it (what an earlier chain must have sent up to)."""
-    return r.prev_offset if r.prev_offset >= 0 else r.offset - 1
+def _key(run) -> int:
+    """The offset a run waits for: its predecessor, or for a run that starts a chain the offset
+    just before it (what an earlier chain must have sent up to)."""
+    return run.prev if run.prev >= 0 else run.offsets[0] - 1
+
+
+def _tail(run, i: int):
+    """The run's records from index i on."""
+    return run if i == 0 else run.take(range(i, len(run)))
 
 
 class PartitionState:
@@ -65,51 +72,65 @@ class PartitionState:
         # Offsets below where this receiver joined a running chain: not known written, not
         # reported missing (the first records of a chain may simply arrive late).
         self.unknown: list = []
-        self.pending: dict = {}            # offset -> record waiting for its predecessor
-        self._heap: list = []              # offsets in pending
-        self._arrivals: deque = deque()    # (time, offset) in arrival order
+        self.pending: dict = {}            # first offset -> run waiting for its predecessor
+        self.pending_records = 0
+        self._heap: list = []              # first offsets in pending
+        self._arrivals: deque = deque()    # (time, first offset) in arrival order
         self._claims: deque = deque()      # (time, last sent offset), increasing
         self.duplicates = 0
 
     # -- input -------------------------------------------------------------------------------
 
-    def offer(self, r: Record, now: float) -> Update:
+    def offer(self, run, now: float) -> Update:
         u = Update([], [], [])
         self._now = now
-        if r.prev_offset == RESEND:
+        if run.resend:
             # An operator's resend (`diode resend`): these records were found missing. One in a
             # reported gap fills it; any other is written as well, since this state may not
             # know the gap (a restarted receiver, a gap found by `diode verify`). It never moves
             # the frontier: the chain decides that.
-            u.writes.append(r)
-            if self.frontier is not None and r.offset <= self.frontier and \
-                    self._fill(r.offset) == "gap":
-                u.filled.append(r.offset)
+            u.writes.append(run)
+            if self.frontier is not None and run.offsets[0] <= self.frontier:
+                for offset in run.offsets:
+                    if offset > self.frontier:
+                        break
+                    if self._fill(offset) == "gap":
+                        u.filled.append(offset)
             return u
-        if self.frontier is None and r.prev_offset < 0:
-            self.frontier = r.offset - 1  # a chain starts here: nothing expected before it
-        if not self.pending and self.frontier is not None and \
-                r.offset > self.frontier >= _key(r):
-            u.writes.append(r)  # the common case: the next record of the chain, in order
-            self.frontier = r.offset
-            return u
-        if self.frontier is not None and r.offset <= self.frontier:
-            self._late(r, u)
-            if u.filled:
-                self._widen(now, u.filled)
-            return u
-        if r.offset in self.pending:
-            self.duplicates += 1
-            return u
-        self.pending[r.offset] = r
-        heapq.heappush(self._heap, r.offset)
-        self._arrivals.append((now, r.offset))
-        self._release(u)
-        while len(self.pending) > self.max_pending:
+        self._offer(run, now, u)
+        while self.pending_records > self.max_pending:
             self._force(u)
         if u.filled:
             self._widen(now, u.filled)
         return u
+
+    def _offer(self, run, now: float, u: Update) -> None:
+        if self.frontier is None and run.prev < 0:
+            self.frontier = run.offsets[0] - 1  # a chain starts here: nothing expected before
+        frontier = self.frontier
+        if frontier is not None and run.offsets[0] <= frontier:
+            i = bisect.bisect_right(run.offsets, frontier)
+            self._late(run, i, u)  # what is resolved already: duplicates, or fills
+            if i == len(run):
+                return
+            run = _tail(run, i)   # the rest continues the chain from a resolved offset
+        if not self.pending and frontier is not None and _key(run) <= frontier:
+            u.writes.append(run)  # the common case: the chain's next records, in order
+            self.frontier = run.offsets[-1]
+            return
+        first = run.offsets[0]
+        held = self.pending.get(first)
+        if held is not None:  # a duplicate of a waiting run (perhaps cut differently)
+            i = bisect.bisect_right(run.offsets, held.offsets[-1])
+            self.duplicates += i
+            if i < len(run):
+                self._offer(_tail(run, i), now, u)
+            return
+        self.pending[first] = run
+        self.pending_records += len(run)
+        heapq.heappush(self._heap, first)
+        self._arrivals.append((now, first))
+        self._release(u)
 
     def heartbeat(self, chain_start: int, last_sent: int, now: float) -> None:
         """The sender's chain for this partition started at `chain_start` and has sent every
@@ -121,7 +142,7 @@ class PartitionState:
             self._claims.append((now, last_sent))
 
     def expire(self, now: float) -> Update:
-        """Resolve what has waited `wait` seconds: gaps before waiting records, claimed tails."""
+        """Resolve what has waited `wait` seconds: gaps before waiting runs, claimed tails."""
         u = Update([], [], [])
         self._now = now
         while self.pending:
@@ -150,27 +171,33 @@ class PartitionState:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _pop(self):
+        run = self.pending.pop(heapq.heappop(self._heap))
+        self.pending_records -= len(run)
+        return run
+
     def _release(self, u: Update) -> None:
-        """Write waiting records whose predecessor is resolved, in offset order."""
+        """Write waiting runs whose predecessor is resolved, in offset order."""
         while self._heap and self.frontier is not None:
-            offset = self._heap[0]
-            r = self.pending[offset]
-            if offset <= self.frontier:  # resolved meanwhile (a gap report ran past it)
-                heapq.heappop(self._heap)
-                del self.pending[offset]
-                self._late(r, u)
-            elif _key(r) <= self.frontier:
-                heapq.heappop(self._heap)
-                del self.pending[offset]
-                u.writes.append(r)
-                self.frontier = offset
+            run = self.pending[self._heap[0]]
+            if run.offsets[0] <= self.frontier:  # resolved meanwhile (a gap report ran past)
+                self._pop()
+                i = bisect.bisect_right(run.offsets, self.frontier)
+                self._late(run, i, u)
+                if i < len(run):
+                    rest = _tail(run, i)
+                    u.writes.append(rest)
+                    self.frontier = rest.offsets[-1]
+            elif _key(run) <= self.frontier:
+                self._pop()
+                u.writes.append(run)
+                self.frontier = run.offsets[-1]
             else:
                 break
 
     def _force(self, u: Update) -> None:
-        """The lowest waiting record waited long enough: report the gap before it, write it."""
-        r = self.pending[self._heap[0]]
-        need = _key(r)
+        """The lowest waiting run waited long enough: report the gap before it, write it."""
+        need = _key(self.pending[self._heap[0]])
         if self.frontier is None:
             self._anchor()
         if self.frontier is None:
@@ -208,15 +235,31 @@ class PartitionState:
         if len(self.gaps) > self.max_gaps:
             del self.gaps[0]
 
-    def _late(self, r: Record, u: Update) -> None:
-        """A record at or below the frontier: fills a gap, or is a duplicate."""
-        kind = self._fill(r.offset)
-        if kind is None:
-            self.duplicates += 1
+    def _late(self, run, n: int, u: Update) -> None:
+        """The run's first n records are at or below the frontier: each fills a gap (or the
+        unknown range) and is written, or is a duplicate."""
+        if n == 0:
             return
-        u.writes.append(r)
-        if kind == "gap":
-            u.filled.append(r.offset)
+        if not (self._overlaps(self.gaps, run.offsets[0], run.offsets[n - 1]) or
+                self._overlaps(self.unknown, run.offsets[0], run.offsets[n - 1])):
+            self.duplicates += n  # the usual case: a copy of what was written
+            return
+        taken = []
+        for i in range(n):
+            kind = self._fill(run.offsets[i])
+            if kind is None:
+                self.duplicates += 1
+                continue
+            taken.append(i)
+            if kind == "gap":
+                u.filled.append(run.offsets[i])
+        if taken:
+            u.writes.append(run.take(taken))
+
+    @staticmethod
+    def _overlaps(ranges: list, first: int, last: int) -> bool:
+        i = bisect.bisect_right(ranges, [last, float("inf")]) - 1
+        return i >= 0 and ranges[i][1] >= first
 
     def _fill(self, offset: int) -> str | None:
         """Take `offset` out of the reported gaps ("gap") or the unknown range ("unknown");

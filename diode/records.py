@@ -1,4 +1,5 @@
-"""Kafka records as small immutable values, and where they go on the destination."""
+"""Kafka records as small immutable values (tests, rare paths: the data path moves runs,
+diode.runs), and which writer owns a source partition."""
 
 from typing import NamedTuple
 import zlib
@@ -40,12 +41,3 @@ def partition_owner(topic: str, partition: int, owners: int) -> int:
     """Which of `owners` workers owns a source partition. Stable across processes and runs
     (Python's hash() is salted per process, so it cannot be used)."""
     return (zlib.crc32(topic.encode()) + partition) % owners
-
-
-def from_kafka_message(msg, prev_offset: int = -1) -> Record:
-    """A confluent_kafka.Message as a Record."""
-    ts_type, ts = msg.timestamp()
-    return Record(
-        msg.topic(), msg.partition(), msg.offset(), ts, ts_type,
-        msg.key(), msg.value(), tuple(msg.headers() or ()), prev_offset,
-    )

@@ -191,7 +191,8 @@ class SenderSettings:
     dead_letter_topic: str = setting("diode-dead-letter", "Topic on the source cluster for "
                                      "records larger than max.record.bytes; empty: log only.")
     max_record_bytes: int = setting(
-        8388608, "Largest record sent (its Avro encoding: key, value, headers); a record that "
+        8388608, "Largest record sent (its encoding as a run of one: key, value, headers, about 70 "
+        "bytes of framing); a record that "
         "does not fit in one datagram is fragmented. Larger ones go to dead.letter.topic. The "
         "receiver's max.record.bytes must be at least as large.", between(1024, 1 << 30))
     refresh_topics_interval_seconds: float = setting(

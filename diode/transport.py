@@ -11,8 +11,6 @@ from collections import deque
 
 import zmq
 
-from diode.records import Record
-
 
 def pull(ctx: zmq.Context, endpoint: str, hwm: int) -> zmq.Socket:
     s = ctx.socket(zmq.PULL)
@@ -34,22 +32,12 @@ def push(ctx: zmq.Context, endpoints, hwm: int) -> zmq.Socket:
 
 
 def dumps(obj) -> bytes:
-    """Messages between our own processes (never anything from the network)."""
+    """The control frame of a message between our own processes (never anything from the
+    network). Records never go through pickle: they travel as run frames (diode.runs)."""
     return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 loads = pickle.loads
-
-
-def plain(records) -> list:
-    """Records as plain tuples for a queue: pickling a NamedTuple costs a Python call per
-    record each way, a tuple none (a quarter of a writer's CPU, measured with py-spy)."""
-    return [tuple(r) for r in records]
-
-
-def records_of(rows) -> list:
-    """The inverse of plain()."""
-    return list(map(Record._make, rows))
 
 
 def drain(sock: zmq.Socket, limit: int = 1 << 30):

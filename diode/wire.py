@@ -1,22 +1,24 @@
 """The datagram format. Exact bytes: docs/wire-format.md.
 
-    header (28 bytes, authenticated as AEAD associated data) || AEAD(compressed Avro batch)
+    header (28 bytes, authenticated as AEAD associated data) || AEAD(compressed runs)
 
 The udp_reader parses only the header's magic, version and routing key; an unpacker verifies the
 tag before it trusts any other field.
 """
 
-import json
+import io
 import struct
 from typing import NamedTuple
 
-from diode import codec
+import fastavro
+
+from diode import codec, runs
 from diode.crypto import Keyring, SessionCipher
 from diode.errors import RejectedDatagram
 from diode.replay import ReplayWindow
 
 MAGIC = b"\xd1\x0d"
-VERSION = 1
+VERSION = 2  # 1: per-record Avro batches (before columnar runs), rejected as bad_version
 KIND_DATA = 1
 KIND_HEARTBEAT = 2
 KIND_FRAGMENT = 3
@@ -111,27 +113,55 @@ def unseal(datagram: bytes, keyring: Keyring, replay: ReplayWindow | None = None
 
 
 def open_datagram(datagram: bytes, keyring: Keyring, replay: ReplayWindow | None = None):
-    """A data datagram's (records, partition_counts)."""
+    """A data datagram's (records, partition_counts), record by record: for tests and tools,
+    never the data path (the unpacker forwards runs undecoded)."""
     h, payload = unseal(datagram, keyring, replay)
     if h.kind != KIND_DATA:
         raise RejectedDatagram("bad_kind", f"kind {h.kind} where data was expected")
-    return codec.decode_batch(payload)
+    return runs.decode_records(payload)
 
 
 # -- heartbeats --------------------------------------------------------------------------------
 
+HEARTBEAT_SCHEMA = fastavro.parse_schema({
+    "type": "record", "name": "Heartbeat", "namespace": "diode",
+    "fields": [
+        {"name": "reader", "type": "int"},
+        {"name": "time_ms", "type": "long"},
+        {"name": "interval_ms", "type": "long"},
+        {"name": "partitions", "type": {"type": "array", "items": {
+            "type": "record", "name": "Claim", "fields": [
+                {"name": "topic", "type": "string"},
+                {"name": "partition", "type": "int"},
+                {"name": "chain_start", "type": "long"},
+                {"name": "last_sent", "type": "long"}]}}},
+        {"name": "counters", "type": {"type": "map", "values": "long"}},
+    ],
+})
+
+
 def encode_heartbeat(beat: dict) -> bytes:
-    return json.dumps(beat, separators=(",", ":")).encode()
+    """A heartbeat as Avro (fastavro, schemaless): see decode_heartbeat for its fields."""
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, HEARTBEAT_SCHEMA, {
+        "reader": beat["reader"], "time_ms": beat["time_ms"],
+        "interval_ms": int(beat["interval_ms"]), "counters": beat.get("counters", {}),
+        "partitions": [{"topic": t, "partition": p, "chain_start": s, "last_sent": last}
+                       for t, p, s, last in beat["partitions"]]})
+    return out.getvalue()
 
 
 def decode_heartbeat(payload: bytes) -> dict:
-    """A heartbeat: {"reader", "time_ms", "interval_ms", "partitions": [[topic, partition,
-    chain_start, last_sent], ...], "counters": {...}}. Raises RejectedDatagram."""
+    """A heartbeat: {"reader", "time_ms", "interval_ms", "partitions": [(topic, partition,
+    chain_start, last_sent), ...], "counters": {...}}. Raises RejectedDatagram."""
     try:
-        beat = json.loads(payload)
-        parts = [(str(t), int(p), int(s), int(last)) for t, p, s, last in beat["partitions"]]
-        beat["partitions"] = parts
-        beat["interval_ms"] = float(beat["interval_ms"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise RejectedDatagram("decode_failed", f"heartbeat: {exc}") from None
+        reader = io.BytesIO(payload)
+        beat = fastavro.schemaless_reader(reader, HEARTBEAT_SCHEMA)
+        if reader.tell() != len(payload):
+            raise ValueError("trailing bytes")
+    except Exception as exc:  # fastavro raises many types on malformed input
+        raise RejectedDatagram("decode_failed", f"heartbeat: {type(exc).__name__}") from None
+    beat["partitions"] = [(c["topic"], c["partition"], c["chain_start"], c["last_sent"])
+                          for c in beat["partitions"]]
+    beat["interval_ms"] = float(beat["interval_ms"])
     return beat

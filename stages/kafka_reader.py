@@ -1,8 +1,10 @@
 """kafka_reader: reads the source topics with manual assignment and commits what was sent.
 
 Each reader owns a fixed share of the source partitions (diode.kafka.TopicSelector) and looks
-for new topics and partitions every refresh.topics.interval.seconds. Records go to the packers in
-messages of up to BATCH_RECORDS; udp_senders (and packers, for dead-lettered records)
+for new topics and partitions every refresh.topics.interval.seconds. What one consume call returns
+goes to a packer as one message: a run per partition (diode.runs, encoded here once, as it will
+cross the link) as ZeroMQ frames after a small header; udp_senders (and packers, for
+dead-lettered records)
 acknowledge them back, and the longest fully acknowledged prefix of each partition is committed
 to the source cluster's consumer group (diode.offsets.SentTracker).
 
@@ -17,10 +19,10 @@ from collections import deque
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 
-from diode import transport
+from diode import runs, transport
 from diode.kafka import TopicSelector, consumer_config, partition_counts
 from diode.offsets import SentTracker
-from diode.records import RESEND, from_kafka_message, partition_owner
+from diode.records import RESEND, partition_owner
 from diode.worker import Stage as BaseStage
 
 BATCH_RECORDS = 1000
@@ -179,17 +181,19 @@ class Stage(BaseStage):
 
     def _read(self):
         msgs = self.consumer.consume(BATCH_RECORDS, timeout=0.05)
-        records = []
+        groups: dict = {}  # (topic, partition) -> its messages, in offset order
+        resend = self.resend is not None
         for m in msgs:
             err = m.error()
-            if err is None and self.resend is not None:
-                if self._resend_filter(m):
-                    records.append(from_kafka_message(m, RESEND))
-            elif err is None:
+            if err is None:
+                if resend and not self._resend_filter(m):
+                    continue
                 tp = (m.topic(), m.partition())
-                records.append(from_kafka_message(m, self.last_read.get(tp, -1)))
-                self.last_read[tp] = m.offset()
-                self.chain_start.setdefault(tp, m.offset())
+                group = groups.get(tp)
+                if group is None:
+                    groups[tp] = [m]
+                else:
+                    group.append(m)
             elif err.code() == KafkaError._PARTITION_EOF:
                 tp = (m.topic(), m.partition())
                 ranges = (self.resend or {}).get(tp)
@@ -200,16 +204,25 @@ class Stage(BaseStage):
             else:
                 self.log.warning("source cluster: %s", err)
                 self.metrics.inc("errors", reason="consume")
-        if not records:
+        if not groups:
             return
+        frames, parts, counts = [], [], []
+        for (topic, partition), group in groups.items():
+            tp = (topic, partition)
+            count = max(self.counts.get(topic, 0), partition + 1)
+            prev = RESEND if resend else self.last_read.get(tp, -1)
+            frames.append(runs.from_messages(topic, partition, count, prev, group))
+            first, last = group[0].offset(), group[-1].offset()
+            if not resend:
+                self.last_read[tp] = last
+                self.chain_start.setdefault(tp, first)
+            parts.append((tp, last, len(group)))
+            counts.append(len(group))
         self.seq += 1
         msg_id = self.epoch | self.seq
-        counts = {r.topic: self.counts.get(r.topic, r.partition + 1) for r in records}
-        self.tracker.dispatched(msg_id, records)
-        self.out.put([transport.dumps(("records", self.ctx.spec.index, msg_id,
-                                       transport.plain(records),
-                                       counts))])
-        self.metrics.inc("records", len(records))
+        self.tracker.dispatched(msg_id, parts)
+        self.out.put([transport.dumps(("runs", self.ctx.spec.index, msg_id, counts)), *frames])
+        self.metrics.inc("records", sum(counts))
         if self.waiting_since is None:
             self.waiting_since = time.monotonic()
 

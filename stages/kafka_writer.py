@@ -12,25 +12,36 @@ ranges (from the chain of offsets and the sender's heartbeats) are logged, count
 receiver.missing.records.topic. Writer 0 also watches the sender's heartbeats: a silent link is
 reported, and each heartbeat can be recorded in receiver.heartbeat.topic.
 
+Records arrive as runs (diode.runs) and are decoded here, column by column; the produce call per
+record is the only per-record object work. Delivery reports come for errors only
+(delivery.report.only.error): what was written is what was produced, less what librdkafka still
+holds, less what failed. Events (missing ranges, heartbeats) go through a producer of their own,
+so that count stays exact.
+
 When the destination cluster is down the producer keeps retrying and its bounded queue fills:
 the writer then stops taking input, which backs up through the unpackers to the UDP socket.
 """
 
 import json
 import time
+from collections import deque
 
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from diode import transport
+from diode.errors import RejectedDatagram
 from diode.kafka import (admin_config, client_settings, create_topic, partition_counts,
                          producer_config)
 from diode.ordering import PartitionState
 from diode.ranges import merge
-from diode.records import TIMESTAMP_NOT_AVAILABLE, provenance_headers
+from diode.records import partition_owner
+from diode.runs import Run
 from diode.worker import Stage as BaseStage
 
 MAX_PARTITIONS = 10000
+MAX_BACKLOG_RECORDS = 20000  # records decoded and waiting for the producer; past it, no input
+INPUT_MESSAGES = 16          # unpacker messages taken per step
 
 
 class Stage(BaseStage):
@@ -39,14 +50,19 @@ class Stage(BaseStage):
         kafka = client_settings(self.t, "receiver")
         self.input = transport.pull(ctx.zmq, ctx.endpoint("kafka_writer", ctx.spec.index),
                                     ctx.hwm)
+        self.kafka = kafka
         self.producer = Producer(producer_config(kafka, **{
-            "message.timeout.ms": 0,
+            "message.timeout.ms": 0, "delivery.report.only.error": True,
+            "on_delivery": self._delivered,
             "message.max.bytes": self.t.receiver.max_record_bytes + 65536}))
+        self.events = None  # the producer of missing-range and heartbeat events, when needed
+        self.produced = 0   # records the producer accepted
+        self.failed = 0     # records the destination refused
         self.admin = AdminClient(admin_config(kafka))
         self.dest_partitions: dict = {}   # destination topic -> partition count
         self.source_partitions: dict = {}  # source topic -> partition count (from the sender)
         self.next_metadata: dict = {}     # topic -> when its metadata may be asked again
-        self.backlog: list = []           # records taken but not yet accepted by the producer
+        self.backlog = deque()            # [run, next index, columns] not yet all produced
         self.states: dict = {}            # (topic, partition) -> PartitionState
         self.next_expire = 0.0
         self.last_beat = None             # when the last sender heartbeat arrived (writer 0)
@@ -60,44 +76,79 @@ class Stage(BaseStage):
 
     def step(self):
         self.producer.poll(0)
-        now = time.monotonic()
-        if now >= self.next_expire:
-            self._expire(now)
-            self.next_expire = now + 0.05
-        if self.backlog:
+        if self.events is not None:
+            self.events.poll(0)
+        self.metrics.set("records", self.produced - self.failed - len(self.producer))
+        if self._backlog_records() >= MAX_BACKLOG_RECORDS:
+            # The destination is behind: take no input, and expire nothing either, since what
+            # a waiting run waits for may be in the input not taken (time stands still for it).
             self._produce_backlog()
             return True
-        got = self.input.poll(50)
-        if self.drained(idle=not got):
+        got = self.input.poll(0 if self.backlog else 50)
+        if self.drained(idle=not got and not self.backlog):
             # Nothing more is coming: write what waits for a predecessor (reporting the gaps).
             self._expire(float("inf"))
             if self.backlog:
+                self._produce_backlog()
                 return True
             self._flush()
             return False
-        if not got:
-            return True
+        taken = self._take_input() if got else 0
         now = time.monotonic()
-        for (frame,) in transport.drain(self.input, 16):
-            rows, counts, claims, beats = transport.loads(frame)
-            records = transport.records_of(rows)
-            self.source_partitions.update(counts)
+        if now >= self.next_expire and taken < INPUT_MESSAGES:  # the input was emptied
+            self._expire(now)
+            self.next_expire = now + 0.05
+        self._report_fills()
+        if self.backlog:
+            self._produce_backlog()
+        return True
+
+    def _take_input(self) -> int:
+        """Offer what the unpackers sent to the partitions' states; returns the messages taken
+        (INPUT_MESSAGES at most)."""
+        now = time.monotonic()
+        messages = transport.drain(self.input, INPUT_MESSAGES)
+        states, backlog = self.states, self.backlog
+        for frames in messages:
+            claims, beats = transport.loads(frames[0])
             for t, p, chain_start, last_sent in claims:
                 self._state(t, p).heartbeat(chain_start, last_sent, now)
-            states, backlog = self.states, self.backlog
-            for r in records:
-                state = states.get((r.topic, r.partition)) or self._state(r.topic, r.partition)
+            for frame in frames[1:]:
+                run = self._decode(frame)
+                if run is None:
+                    continue
+                tp = (run.topic, run.partition)
+                state = states.get(tp) or self._state(*tp)
                 wait = state.wait
-                u = state.offer(r, now)
+                u = state.offer(run, now)
                 if u.missing or u.filled:  # (the wait only lengthens on a fill)
-                    self._apply(r.topic, r.partition, u, wait)
-                else:  # the common case: records to write, nothing to report
-                    backlog.extend(u.writes)
+                    self._apply(run.topic, run.partition, u, wait)
+                else:  # the common case: runs to write, nothing to report
+                    backlog.extend([w, 0, None] for w in u.writes)
             for beat in beats:
                 self._beat(beat)
-        self._report_fills()
-        self._produce_backlog()
-        return True
+        return len(messages)
+
+    def _backlog_records(self) -> int:
+        return sum(len(e[0]) - e[1] for e in self.backlog)
+
+    def _decode(self, frame) -> Run | None:
+        """A run from an unpacker; one that does not decode, or belongs to another writer, is
+        counted and dropped (it came from an authenticated sender, so this is a bug there)."""
+        try:
+            run = Run.decode(frame)
+        except RejectedDatagram as exc:
+            self.metrics.inc("rejects", reason=exc.reason)
+            self.log.error("dropped a run that does not decode: %s", exc)
+            return None
+        if partition_owner(run.topic, run.partition, self.ctx.instances("kafka_writer")) != \
+                self.ctx.spec.index:
+            self.metrics.inc("rejects", reason="misrouted")
+            self.log.error("dropped a run of %s[%d], a partition another writer owns",
+                           run.topic, run.partition)
+            return None
+        self.source_partitions[run.topic] = run.partition_count
+        return run
 
     def _report_fills(self) -> None:
         for (topic, partition), offsets in self.fills.items():
@@ -116,7 +167,7 @@ class Stage(BaseStage):
         return state
 
     def _apply(self, topic: str, partition: int, u, wait: float | None = None) -> None:
-        self.backlog.extend(u.writes)
+        self.backlog.extend([w, 0, None] for w in u.writes)
         for m in u.missing:
             self._event("missing", topic, partition, m.first, m.last, m.reason)
         if u.filled:  # reported per run of offsets, once per step (_report_fills)
@@ -135,7 +186,7 @@ class Stage(BaseStage):
                 self._apply(t, p, state.expire(now), wait)
         self._report_fills()
         self.metrics.set("duplicates", sum(s.duplicates for s in self.states.values()))
-        self.metrics.set("pending_records", sum(len(s.pending) for s in self.states.values()))
+        self.metrics.set("pending_records", sum(s.pending_records for s in self.states.values()))
         if self.last_beat is not None and not self.link_silent and not self.stopping and \
                 now - self.last_beat > 3 * self.beat_interval:
             self.link_silent = True
@@ -183,13 +234,15 @@ class Stage(BaseStage):
     def _produce_event(self, topic: str, key: str, event: dict) -> None:
         if topic not in self.dest_partitions:
             self._ensure_topic(topic, 1)
+        if self.events is None:
+            self.events = Producer(producer_config(self.kafka, **{
+                "message.timeout.ms": 0, "on_delivery": self._event_delivered}))
         while True:
             try:
-                self.producer.produce(topic, key=key.encode(), value=json.dumps(event).encode(),
-                                      on_delivery=self._event_delivered)
+                self.events.produce(topic, key=key.encode(), value=json.dumps(event).encode())
                 return
             except BufferError:
-                self.producer.poll(0.05)
+                self.events.poll(0.05)
 
     def _event_delivered(self, err, msg):
         if err is not None:
@@ -197,40 +250,57 @@ class Stage(BaseStage):
             self.log.error("could not write to %s: %s", msg.topic(), err)
 
     def _produce_backlog(self):
-        produced = 0
         stamp = self.t.receiver.written_at_header
         written_at = [(stamp, str(int(time.time() * 1000)).encode())] if stamp else []
-        for r in self.backlog:
-            topic = self.destination(r.topic)
-            n = self.dest_partitions.get(topic)
-            if n is None and not self._ensure_topic(topic, self._source_partitions(r.topic)):
-                time.sleep(0.05)  # not visible yet: keep the records, in order, and retry
+        backlog = self.backlog
+        while backlog:
+            entry = backlog[0]
+            run = entry[0]
+            topic = self.destination(run.topic)
+            if topic not in self.dest_partitions and \
+                    not self._ensure_topic(topic, self._source_partitions(run.topic)):
+                time.sleep(0.05)  # not visible yet: keep the runs, in order, and retry
                 break
-            kwargs = {"partition": r.partition} if r.partition < self.dest_partitions[topic] \
-                else {}
-            if r.timestamp_type != TIMESTAMP_NOT_AVAILABLE:
-                kwargs["timestamp"] = r.timestamp
-            try:
-                self.producer.produce(topic, value=r.value, key=r.key,
-                                      headers=provenance_headers(r) + written_at,
-                                      on_delivery=self._delivered, **kwargs)
-            except BufferError:
+            if entry[2] is None:
+                entry[2] = (run.key_list(), run.value_list(), run.header_lists())
+            done = self._produce_run(run, entry[1], entry[2], topic, written_at)
+            self.produced += done - entry[1]
+            if done < len(run):
+                entry[1] = done
                 self.producer.poll(0.05)  # the destination is slow or down: wait, keep order
                 break
-            produced += 1
-        del self.backlog[:produced]
-        self.metrics.set("backlog_records", len(self.backlog))
+            backlog.popleft()
+        self.metrics.set("backlog_records", self._backlog_records())
+
+    def _produce_run(self, run, start: int, columns, topic: str, written_at: list) -> int:
+        """Produce the run's records from index `start`; returns the index reached (short of
+        the end when the producer's queue is full)."""
+        keys, values, own = columns
+        offsets, stamps, types = run.offsets, run.timestamps, run.types
+        partition = run.partition if run.partition < self.dest_partitions[topic] else -1
+        source = [("sourceTopic", run.topic.encode()),
+                  ("sourcePartition", str(run.partition).encode())]
+        produce = self.producer.produce
+        for i in range(start, len(run)):
+            headers = source + [("sourceOffset", b"%d" % offsets[i])] + written_at
+            if own is not None and own[i]:
+                headers = own[i] + headers
+            try:
+                if types[i]:
+                    produce(topic, values[i], keys[i], partition, timestamp=stamps[i],
+                            headers=headers)
+                else:
+                    produce(topic, values[i], keys[i], partition, headers=headers)
+            except BufferError:
+                return i
+        return len(run)
 
     def _delivered(self, err, msg):
-        if err is None:
-            self.metrics.inc("records")
-            return
+        """Called for records the destination refused (delivery.report.only.error)."""
+        self.failed += 1
         self.metrics.inc("errors", reason="produce")
-        headers = dict(msg.headers() or [])
-        self.log.error("record %s[%s]@%s was not written to %s: %s",
-                       headers.get("sourceTopic", b"?").decode(),
-                       headers.get("sourcePartition", b"?").decode(),
-                       headers.get("sourceOffset", b"?").decode(), msg.topic(), err)
+        self.log.error("a record was not written to %s[%s]: %s", msg.topic(), msg.partition(),
+                       err)
 
     def _source_partitions(self, source_topic: str) -> int:
         """The partition count the sender gave for a source topic (a new destination's)."""
@@ -258,11 +328,16 @@ class Stage(BaseStage):
         return topic in self.dest_partitions
 
     def _flush(self) -> None:
+        if self.events is not None:
+            self.events.flush(self.t.supervisor.drain_timeout_seconds * 0.25)
         left = self.producer.flush(self.t.supervisor.drain_timeout_seconds * 0.5)
+        self.metrics.set("records", self.produced - self.failed - len(self.producer))
         if left:
             self.log.error("stopping with %d record(s) not confirmed by the destination "
                            "cluster", left)
 
     def close(self):
         self.producer.flush(1)
+        if self.events is not None:
+            self.events.flush(1)
 

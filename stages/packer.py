@@ -1,8 +1,9 @@
-"""packer: records in, datagrams out (Avro batch, compressed, encrypted).
+"""packer: runs in, datagrams out (runs concatenated, compressed, encrypted).
 
 Each packer process is its own sender session: a random session id, a key derived for it, and a
-sequence number that is the AEAD nonce. It fills datagrams up to link.datagram.size.bytes
-(diode.batching.DatagramBuilder), waits at most batch.linger.ms for more records, and tells the
+sequence number that is the AEAD nonce. It fills datagrams with the readers' runs, as they are,
+up to link.datagram.size.bytes (diode.batching.DatagramBuilder: a run is cut only where a
+datagram ends), waits at most batch.linger.ms for more records, and tells the
 udp_sender which reader messages each datagram carries. A record too large for one datagram is
 fragmented; one larger than sender.max.record.bytes goes to the dead-letter topic on the source
 cluster and is acknowledged once it is there.
@@ -14,7 +15,7 @@ import zmq
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from diode import codec, crypto, fec, fragments, transport, wire
+from diode import codec, crypto, fec, fragments, runs, transport, wire
 from diode.batching import DatagramBuilder
 from diode.kafka import admin_config, client_settings, create_topic, producer_config
 from diode.records import provenance_headers
@@ -33,7 +34,6 @@ class Stage(BaseStage):
         session = crypto.new_session_id()
         cipher = crypto.SessionCipher(ctx.secrets.cipher_id, ctx.secrets.master_key, session)
         self.sealer = wire.Sealer(cipher, self.t.compression, ctx.secrets.key_id)
-        self.counts: dict = {}
         link = self.t.link
         self.fec = fec.BlockEncoder(link.fec_data_datagrams, link.fec_parity_datagrams,
                                     link.fec_interleave_depth)
@@ -43,7 +43,6 @@ class Stage(BaseStage):
             limit -= wire.HEADER_BYTES + crypto.TAG_BYTES + fec.parity_overhead(
                 link.fec_data_datagrams)
         self.builder = DatagramBuilder(limit, self._seal, self.t.compression != "none",
-                                       lambda topic: self.counts.get(topic, 1),
                                        compress=lambda p: codec.compress(self.t.compression, p))
         self.linger = self.t.sender.batch_linger_ms / 1000
         self.first_pending = None
@@ -62,17 +61,16 @@ class Stage(BaseStage):
         # taken is packed (a message left in the socket is safe, one taken and dropped is lost).
         while got and not self.out.full:
             try:
-                frame = self.input.recv(zmq.NOBLOCK)
+                frames = self.input.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            message = transport.loads(frame)
+            message = transport.loads(frames[0])
             if message[0] == "heartbeat":
                 self._heartbeat(message[1])
                 continue
-            _, reader, msg_id, rows, counts = message
-            self.counts.update(counts)
-            for r in transport.records_of(rows):
-                self._emit(*self.builder.add(r, (reader, msg_id)))
+            _, reader, msg_id, counts = message
+            for run, count in zip(frames[1:], counts):
+                self._emit(*self.builder.add(run, (reader, msg_id), count))
             if self.first_pending is None and self.builder.pending:
                 self.first_pending = now
         now = time.monotonic()
@@ -119,19 +117,18 @@ class Stage(BaseStage):
             meta = [[(reader, msg_id, n) for (reader, msg_id), n in s.tags.items()]
                     for s in sealed]
             self._send([s.datagram for s in sealed], meta)
-        for record, tag in oversize:
-            if codec.encoded_size_bound(record) <= self.t.sender.max_record_bytes:
-                self._fragment(record, tag)
+        for run, tag in oversize:
+            if len(run) <= self.t.sender.max_record_bytes:
+                self._fragment(run, tag)
             else:
-                self._dead_letter(record, tag)
+                self._dead_letter(runs.Run.decode(run).records()[0], tag)
 
-    def _fragment(self, record, tag):
+    def _fragment(self, run: bytes, tag):
         """A record too large for one datagram crosses as fragments (diode.fragments): its
-        batch is compressed whole and split; every fragment is its own sealed datagram routed
+        run is compressed whole and split; every fragment is its own sealed datagram routed
         by the group id. The record is acknowledged with the last fragment."""
         compression = self.sealer.compression
-        payload = codec.compress(compression, codec.encode_batch(
-            [record], {record.topic: self.counts.get(record.topic, 1)}))
+        payload = codec.compress(compression, run)
         group = self.sealer.seq + 1  # the sequence number of the first fragment
         chunk = self.builder.budget - fragments.FRAGMENT_HEADER_BYTES
         # Fragments are routed by their group (one unpacker reassembles the record), so they

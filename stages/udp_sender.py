@@ -1,8 +1,8 @@
 """udp_sender: the one process that writes to the link.
 
-It paces datagrams to link.rate.mbps (diode.pacing.Pacer) and, once the kernel has taken a
-datagram, acknowledges its records to the readers that read them: only then may their offsets
-be committed.
+It paces datagrams to link.rate.mbps (diode.pacing: the kernel's fq where the egress device has
+it, a sleeping pacer always) and, once the kernel has taken a datagram, acknowledges its records
+to the readers that read them: only then may their offsets be committed.
 """
 
 import socket
@@ -11,8 +11,7 @@ from collections import deque
 
 import zmq
 
-from diode import transport
-from diode.pacing import Pacer
+from diode import pacing, transport
 from diode.worker import Stage as BaseStage
 
 # UDP and IPv4 headers: pacing counts what the link carries.
@@ -32,7 +31,9 @@ class Stage(BaseStage):
         family = socket.AF_INET6 if ":" in link.host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * 1024 * 1024)
-        self.pacer = Pacer(link.rate_mbps * 1e6 / 8, burst_bytes=2 * link.datagram_size_bytes)
+        self.pacer = pacing.open_pacer(self.sock, link.host, link.rate_mbps * 1e6 / 8,
+                                       link.datagram_size_bytes + IP_UDP_OVERHEAD, self.log)
+        self.metrics.set("kernel_pacing", int(self.pacer.kernel))
         self.pending_acks: dict[int, list] = {}
         self.backlog = deque()  # (datagram, acks) taken from a packer, not yet sent
 

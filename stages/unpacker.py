@@ -1,15 +1,16 @@
-"""unpacker: verifies, decrypts, decompresses and decodes datagrams into records.
+"""unpacker: verifies, decrypts and decompresses datagrams, and forwards their runs.
 
 Nothing in a datagram is trusted before its AEAD tag verifies over the header and the payload;
 a datagram of a session is accepted once (diode.replay.ReplayWindow).
 A datagram that fails any step is counted by reason (diode_rejects_total) and dropped: it never
-stops the process and never yields a record. Records go to the kafka_writer that owns their
-source partition, so per-partition state lives in one process.
+stops the process and never yields a record. Each run (diode.runs) goes, undecoded, to the
+kafka_writer that owns its source partition (read from the run's header alone), so
+per-partition state lives in one process and no record is touched here.
 """
 
 import time
 
-from diode import codec, fec, fragments, transport, wire
+from diode import codec, fec, fragments, runs, transport, wire
 from diode.crypto import Keyring
 from diode.errors import RejectedDatagram
 from diode.records import partition_owner
@@ -48,13 +49,13 @@ class Stage(BaseStage):
             return False
         if not got:
             return True
-        msgs = [([], {}, [], []) for _ in self.outs]  # per writer: records, counts,
-        for datagrams in transport.drain(self.input, 8):  # heartbeat claims, heartbeats
+        msgs = [([], [], []) for _ in self.outs]  # per writer: runs, heartbeat claims, beats
+        for datagrams in transport.drain(self.input, 8):
             for datagram in datagrams:
                 self.unpack(datagram, msgs)
-        for out, msg in zip(self.outs, msgs):
-            if msg[0] or msg[2] or msg[3]:
-                out.put([transport.dumps((transport.plain(msg[0]), *msg[1:]))])
+        for out, (frames, claims, beats) in zip(self.outs, msgs):
+            if frames or claims or beats:
+                out.put([transport.dumps((claims, beats)), *frames])
         return True
 
     def unpack(self, datagram, msgs) -> None:
@@ -78,7 +79,7 @@ class Stage(BaseStage):
                     return
                 payload = codec.decompress(h.compression, payload, self.record_limit)
                 self.metrics.inc("reassembled_records")
-            records, partition_counts = codec.decode_batch(payload)
+            found = runs.split_payload(payload)
         except RejectedDatagram as exc:
             self.metrics.inc("rejects", reason=exc.reason)
             return
@@ -87,11 +88,10 @@ class Stage(BaseStage):
             self.metrics.inc("rejects", reason="internal_error")
             return
         self.metrics.inc("datagrams")
-        self.metrics.inc("records", len(records))
-        for r in records:
-            records_out, counts, _, _ = msgs[partition_owner(r.topic, r.partition, len(msgs))]
-            records_out.append(r)
-            counts[r.topic] = partition_counts.get(r.topic, 1)
+        owners = len(msgs)
+        for topic, partition, count, run in found:
+            msgs[runs.owner(topic, partition, owners)][0].append(run)
+            self.metrics.inc("records", count)
 
     def _parity(self, h, payload, msgs) -> None:
         try:
@@ -123,6 +123,6 @@ class Stage(BaseStage):
         """Claims go to the writers owning their partitions; the beat itself to writer 0."""
         self.metrics.inc("heartbeats")
         for t, p, start, last in beat["partitions"]:
-            msgs[partition_owner(t, p, len(msgs))][2].append((t, p, start, last))
+            msgs[partition_owner(t, p, len(msgs))][1].append((t, p, start, last))
         beat["session"] = f"{h.session_id:016x}"
-        msgs[0][3].append(beat)
+        msgs[0][2].append(beat)

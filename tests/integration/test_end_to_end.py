@@ -126,7 +126,7 @@ def test_garbage_datagrams_crash_nothing_and_write_nothing(tmp_path, brokers, la
     port = int(topo.read_text().split("port: ")[1].split()[0])
     rng = random.Random(7)
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    valid_header = b"\xd1\x0d\x01\x01\x01\x00\x00\x00" + bytes(20)
+    valid_header = b"\xd1\x0d\x02\x01\x01\x00\x00\x00" + bytes(20)
     sent = 0
     for i in range(3000):
         kind = i % 4
@@ -137,7 +137,8 @@ def test_garbage_datagrams_crash_nothing_and_write_nothing(tmp_path, brokers, la
         elif kind == 2:
             dg = valid_header + rng.randbytes(rng.randint(0, 1400))  # forged, no valid tag
         else:
-            dg = b"\xd1\x0d\x09" + rng.randbytes(100)  # a future version
+            # version 1 (per-record Avro, before runs), and a future version
+            dg = (b"\xd1\x0d\x01" if i % 8 == 3 else b"\xd1\x0d\x09") + rng.randbytes(100)
         s.sendto(dg, ("127.0.0.1", port))
         sent += 1
         if i % 200 == 0:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 import zmq
 
-from diode import codec, crypto, transport, wire
+from diode import crypto, runs, transport, wire
 from diode.metrics import Metrics
 from diode.records import Record
 from diode.topology import WorkerSpec, endpoint, from_dict
@@ -54,13 +54,24 @@ def source(zctx, side, stage, index=0):
 
 
 def records(n, topic="t", partition=0):
+    """A chain of records, as a reader reads them."""
     return [Record(topic, partition, i, 1000 + i, 1, b"k%d" % i, b"v%d" % i * 10,
-                   (("h", b"x"),)) for i in range(n)]
+                   (("h", b"x"),), i - 1) for i in range(n)]
 
 
 def valid_datagram(recs, session=1):
     sealer = wire.Sealer(crypto.SessionCipher(1, MASTER, session), "none")
-    return sealer.seal(codec.encode_batch(recs, {"t": 1}))
+    return sealer.seal(runs.encode_records(recs, {"t": 1, "u": 4}))
+
+
+def writer_messages(sock):
+    """What an unpacker sent a writer: (records, claims, beats) per message."""
+    out = []
+    for frames in transport.drain(sock):
+        claims, beats = transport.loads(frames[0])
+        out.append(([r for f in frames[1:] for r in runs.Run.decode(f).records()], claims,
+                    beats))
+    return out
 
 
 def unpacker_with_writers(zctx, writers: int):
@@ -89,11 +100,9 @@ def test_unpacker_forwards_valid_records_and_counts_every_reject(zctx):
     run_until(u, lambda: u.metrics.get("rejects", reason="replayed") == 1)
     got = []
     for w in writers:
-        for (frame,) in transport.drain(w):
-            rows, counts, claims, beats = transport.loads(frame)
-            recs = transport.records_of(rows)
+        for recs, claims, beats in writer_messages(w):
             got += recs
-            assert counts == {r.topic: 1 for r in recs} and not claims and not beats
+            assert not claims and not beats
     assert sorted(got) == sorted(records(20) + records(5, topic="u", partition=3))
     rejects = {r: u.metrics.get("rejects", reason=r)
                for r in ("truncated", "bad_magic", "auth_failed")}
@@ -108,8 +117,8 @@ def test_unpacker_sends_each_partition_to_its_owning_writer(zctx):
     run_until(u, lambda: u.metrics.get("records") == 24)
     owners = {}
     for i, w in enumerate(writers):
-        for (frame,) in transport.drain(w):
-            for r in transport.records_of(transport.loads(frame)[0]):
+        for recs, _, _ in writer_messages(w):
+            for r in recs:
                 owners.setdefault(r.partition, set()).add(i)
     assert sorted(owners) == list(range(6))
     assert all(len(v) == 1 for v in owners.values())
@@ -142,8 +151,8 @@ def test_packer_fills_datagrams_and_reports_what_each_carries(zctx):
     p = make_stage(zctx, t, "sender", "packer")
     feed = source(zctx, "sender", "packer")
     recs = records(500)
-    feed.send(transport.dumps(("records", 0, 77, recs[:300], {"t": 1})))
-    feed.send(transport.dumps(("records", 0, 78, recs[300:], {"t": 1})))
+    feed.send_multipart([transport.dumps(("runs", 0, 77, [300])), runs.from_records(recs[:300])])
+    feed.send_multipart([transport.dumps(("runs", 0, 78, [200])), runs.from_records(recs[300:])])
     got, acks = [], {}
     keyring = crypto.Keyring(1, MASTER)
     deadline = time.monotonic() + 5
@@ -210,7 +219,7 @@ def test_hostile_datagrams_never_raise_never_yield_records_and_are_all_counted(d
     if HOSTILE is None:
         HOSTILE = _unpacker_for_fuzzing()
         HOSTILE.seen = valid_datagram(records(3), session=4242)
-        HOSTILE.unpack(HOSTILE.seen, [([], {}, [], []) for _ in range(2)])  # accepted once
+        HOSTILE.unpack(HOSTILE.seen, [([], [], []) for _ in range(2)])  # accepted once
     u = HOSTILE
     good = u.seen
     kind = data.draw(st.sampled_from(["random", "truncated", "flipped", "replayed",
@@ -236,9 +245,9 @@ def test_hostile_datagrams_never_raise_never_yield_records_and_are_all_counted(d
                              data.draw(st.integers(0, 2**64 - 1)), 0).pack()
         dg = header + data.draw(st.binary(max_size=500))
     before = sum(v for (name, _), v in u.metrics.counters.items() if name == "rejects")
-    msgs = [([], {}, [], []) for _ in range(2)]
+    msgs = [([], [], []) for _ in range(2)]
     u.unpack(dg, msgs)  # must not raise
-    assert all(not records and not claims and not beats for records, _, claims, beats in msgs)
+    assert all(not frames and not claims and not beats for frames, claims, beats in msgs)
     after = sum(v for (name, _), v in u.metrics.counters.items() if name == "rejects")
     assert after == before + 1
     assert u.metrics.get("rejects", reason="internal_error") == 0

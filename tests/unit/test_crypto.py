@@ -4,8 +4,11 @@ import os
 
 import pytest
 
-from diode import codec, crypto, wire
+from diode import crypto, runs, wire
 from diode.errors import RejectedDatagram, SecretError
+from diode.records import Record
+
+ONE = Record("t", 0, 5, 0, 0, None, b"v", ())
 
 AEADS = ["aes-256-gcm", "chacha20-poly1305"]
 MASTER = bytes(range(32))
@@ -267,11 +270,11 @@ def test_key_rotation_receiver_accepts_current_and_next_keys_only():
     receiver = crypto.Keyring(1, old, {1: new}, key_id=0)
     for key_id, master in ((0, old), (1, new)):
         sealer = wire.Sealer(crypto.SessionCipher(1, master, 77 + key_id), "none", key_id)
-        dg = sealer.seal(codec.encode_batch([], {}))
-        assert wire.open_datagram(dg, receiver) == ([], {})
+        dg = sealer.seal(runs.encode_records([ONE], {"t": 1}))
+        assert wire.open_datagram(dg, receiver) == ([ONE], {"t": 1})
     # a key id the receiver does not hold, and the right id with the wrong key
     for key_id, master, reason in ((2, new, "unknown_key"), (1, stranger, "auth_failed")):
         sealer = wire.Sealer(crypto.SessionCipher(1, master, 99), "none", key_id)
         with pytest.raises(RejectedDatagram) as exc:
-            wire.open_datagram(sealer.seal(codec.encode_batch([], {})), receiver)
+            wire.open_datagram(sealer.seal(runs.encode_records([ONE])), receiver)
         assert exc.value.reason == reason

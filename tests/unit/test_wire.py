@@ -6,7 +6,7 @@ import struct
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from diode import codec, crypto, wire
+from diode import codec, crypto, runs, wire
 from diode.errors import RejectedDatagram
 from diode.records import Record
 
@@ -20,7 +20,7 @@ BATCH = [
     Record("\u00fcber", 4, 0, -1, 0, b"", b"\x00" * 300, ()),
 ]
 COUNTS = {"orders": 2, "\u00fcber": 5}
-PAYLOAD = codec.encode_batch(BATCH, COUNTS)
+PAYLOAD = runs.encode_records(BATCH, COUNTS)
 
 
 def sealer(cipher="aes-256-gcm", compression="none", session=None):
@@ -125,7 +125,7 @@ def test_parse_header_rejects_bad_magic():
     assert exc.value.reason == "bad_magic"
 
 
-@pytest.mark.parametrize("version", [0, 2, 255])
+@pytest.mark.parametrize("version", [0, 1, 3, 255])  # 1: per-record Avro, before runs
 def test_parse_header_rejects_bad_version(version):
     datagram = bytearray(sealer().seal(PAYLOAD))
     datagram[2] = version
@@ -235,6 +235,19 @@ def test_header_layout_matches_the_documented_struct():
     datagram = s.seal(PAYLOAD)
     magic, version, kind, cipher, compression, key_id, flags, session, seq, routing = \
         struct.unpack("!2sBBBBBBQQI", datagram[:28])
-    assert (magic, version, kind) == (b"\xd1\x0d", 1, 1)
+    assert (magic, version, kind) == (b"\xd1\x0d", 2, 1)
     assert (cipher, compression, key_id, flags) == (1, 0, 0, 0)
     assert (session, seq, routing) == (0x0102030405060708, 1, 1)
+
+
+def test_heartbeat_round_trip_and_garbage():
+    beat = {"reader": 1, "time_ms": 1_795_300_000_000, "interval_ms": 1000,
+            "partitions": [("orders", 3, 100, 250), ("\u00fcber", 0, 0, 0)],
+            "counters": {"records": 123, "rewinds": 0, "inflight": 7}}
+    back = wire.decode_heartbeat(wire.encode_heartbeat(beat))
+    assert back == {**beat, "interval_ms": 1000.0}
+    encoded = wire.encode_heartbeat(beat)
+    for bad in (encoded[:-1], encoded + b"\x00", b"", b"\xff" * 20):
+        with pytest.raises(RejectedDatagram) as exc:
+            wire.decode_heartbeat(bad)
+        assert exc.value.reason == "decode_failed"

@@ -1,0 +1,58 @@
+"""diode.capacity: what this machine's receiver takes, and `diode check`'s warning from it."""
+
+import pytest
+
+from diode import topology
+from diode.capacity import ReceiverCapacity, check_rate, measure_receiver
+
+
+def topo(rate_mbps=400.0, **stages):
+    return topology.from_dict({
+        "link": {"port": 9999, "datagram.size.bytes": 8972, "rate.mbps": rate_mbps},
+        "security": {"password.env": "X", "salt": "salt"},
+        "compression": "zstd",
+        "sender": {"kafka": {"bootstrap.servers": "x:1"}, "topics": ["t"]},
+        "receiver": {"kafka": {"bootstrap.servers": "x:1"},
+                     "stages": {k: {"instances": v} for k, v in stages.items()}},
+    })
+
+
+def capacity(cost, instances, cores=2):
+    return ReceiverCapacity(1024, 8, 8972, cost, instances, cores)
+
+
+def test_the_slowest_stage_for_its_instances_sets_the_rate():
+    c = capacity({"udp_reader": 5, "unpacker": 30, "kafka_writer": 60},
+                 {"udp_reader": 1, "unpacker": 2, "kafka_writer": 1}, cores=8)
+    rate, limit = c.max_datagrams_per_second()
+    assert limit == "kafka_writer" and rate == pytest.approx(0.6 / 60e-6)
+    c.instances["kafka_writer"] = 4  # four writers: now the unpackers limit
+    rate, limit = c.max_datagrams_per_second()
+    assert limit == "unpacker" and rate == pytest.approx(0.6 * 2 / 30e-6)
+
+
+def test_cores_shared_by_every_stage_set_the_rate_on_a_small_machine():
+    c = capacity({"udp_reader": 5, "unpacker": 30, "kafka_writer": 60},
+                 {"udp_reader": 1, "unpacker": 4, "kafka_writer": 4}, cores=1)
+    rate, limit = c.max_datagrams_per_second()
+    assert limit == "cores" and rate == pytest.approx(0.6 / 95e-6)
+    mbps, _ = c.max_mbps()
+    assert round(mbps) == round(rate * (8972 + 28) * 8 / 1e6)
+
+
+def test_a_rate_above_the_measured_capacity_is_warned_about_with_the_remedy():
+    c = capacity({"udp_reader": 5, "unpacker": 30, "kafka_writer": 600},
+                 {"udp_reader": 1, "unpacker": 1, "kafka_writer": 1})
+    mbps, _ = c.max_mbps()  # about 72 Mbit/s
+    lines, warning = check_rate(topo(rate_mbps=100), c)
+    assert "limited by kafka_writer" in lines[0]
+    assert warning and "link.rate.mbps 100" in warning and "kafka_writer" in warning
+    assert check_rate(topo(rate_mbps=mbps * 0.9), c)[1] is None
+
+
+def test_measuring_this_machine_runs_the_receivers_own_code():
+    c = measure_receiver(topo(unpacker=2), record_bytes=512, datagrams=60)
+    assert set(c.cost_us) == {"udp_reader", "unpacker", "kafka_writer"}
+    assert all(us > 0 for us in c.cost_us.values())
+    assert 10 < c.records_per_datagram < 8972 / 512  # random values: no compression gain
+    assert c.instances["unpacker"] == 2
