@@ -1,0 +1,13 @@
+"""The pieces of scripts/bench.py, one concern per module:
+
+- resources: brokers and processes started by the bench, and their clean-up; logging;
+- net: what the kernel says about UDP sockets (/proc/net/udp, /proc/net/snmp);
+- workload: source topics and the records pre-produced to them;
+- meter: how a run's progress is read (destination watermarks), the
+  --verify count, and the loop that waits for a run to end;
+- cpu: CPU seconds per process (psutil), diode's workers named by their process titles;
+- launch: a diode topology written and launched (one side or both), its metrics files;
+- baselines: the plain processes diode is compared with (the relay);
+- e2e: the measurement mode;
+- report: the table per mode and the JSON line.
+"""

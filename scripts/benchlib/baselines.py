@@ -1,0 +1,78 @@
+"""What diode is compared with: the simplest process that does the same Kafka work, one per
+mode, each a subprocess mode of bench.py measured exactly as diode is.
+
+- `_relay SRC DST TOPIC DEST_TOPIC COUNT` (e2e): consume -> produce in one process, the
+  record's key, value, timestamp and headers plus the provenance headers, to the same partition.
+
+The relay uses diode's own producer settings (diode.kafka.producer_config). Every baseline stays
+after its work until SIGTERM, so the bench reads its CPU time as it does diode's.
+"""
+
+import signal
+import sys
+import time
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from diode.kafka import producer_config
+
+from .workload import PARTITIONS
+
+
+def _consumer(bootstrap: str, topic: str, group: str = "bench-baseline") -> Consumer:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                  "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    return c
+
+
+def _produce(p: Producer, topic: str, m_or_record, headers) -> None:
+    value, key, partition, ts = m_or_record
+    kw = {"timestamp": ts} if ts else {}
+    while True:
+        try:
+            p.produce(topic, value=value, key=key, headers=headers, partition=partition, **kw)
+            return
+        except BufferError:
+            p.poll(0.05)
+
+
+def _provenance(topic: str, partition: int, offset: int) -> list:
+    return [("sourceTopic", topic.encode()), ("sourcePartition", str(partition).encode()),
+            ("sourceOffset", str(offset).encode())]
+
+
+def _stay(ok: bool) -> int:
+    """Stay until the bench has measured the run and read our CPU time, as diode does."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0 if ok else 1))
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+    return 0 if ok else 1
+
+
+def relay_main(argv) -> int:
+    """The e2e baseline: one process, consume -> produce, the same headers plus provenance."""
+    src, dst, topic, dest_topic, count = argv[0], argv[1], argv[2], argv[3], int(argv[4])
+    c = _consumer(src, topic, "bench-relay")
+    p = Producer(producer_config({"bootstrap.servers": dst}))  # the kafka_writer's settings
+    done = 0
+    idle_since = time.monotonic()
+    while done < count and time.monotonic() - idle_since < 30:
+        msgs = c.consume(1000, 0.1)
+        for m in msgs:
+            if m.error():
+                continue
+            headers = list(m.headers() or ()) + _provenance(m.topic(), m.partition(), m.offset())
+            ts_type, ts = m.timestamp()
+            _produce(p, dest_topic, (m.value(), m.key(), m.partition(), ts if ts_type else 0),
+                     headers)
+            done += 1
+        if msgs:
+            idle_since = time.monotonic()
+        p.poll(0)
+    left = p.flush(60)
+    c.close()
+    print(f"relayed {done} record(s), {left} unconfirmed", flush=True)
+    return _stay(done >= count and not left)
+
