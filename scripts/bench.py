@@ -1,4 +1,4 @@
-"""Throughput benchmark: diode end to end against a one-process Kafka relay.
+"""Throughput benchmark: diode end to end, and its sender alone, against plain Kafka processes.
 
 Run with ./scripts/bench (it installs .venv first). Everything runs on 127.0.0.1, on embedded
 brokers (--broker: Apache Kafka by default, or Tansu): per record size, a source broker with N
@@ -6,16 +6,18 @@ records pre-produced to a 4-partition topic before anything is timed, and a fres
 broker for every measurement. --mode picks what is measured (docs/performance.md):
 
 - e2e (default): `diode launch` (both sides) against a one-process relay (consume -> produce);
-- all: every mode, one after the other, per record size.
+- sender: `diode launch --side sender` into a UDP sink that only counts, against a plain
+  consumer; timed until the consumer group's committed offsets reach the end of the topic;
+- all: both, one after the other, per record size.
 
 Progress is read from offsets, never by consuming the records (scripts/benchlib/meter.py):
-destination watermarks. --verify adds one exact count of distinct records after each run. CPU
-seconds are read with psutil for every process: diode's workers by their process titles, the
-baseline process, and apart from them the brokers and the bench's meter. A table per mode and,
-with --json FILE, one JSON line with every figure. Speed is never asserted anywhere: this is a
-measurement, not a test.
+destination watermarks, or committed offsets. --verify adds one exact count of distinct
+records after each run. CPU seconds are read with psutil for every process: diode's workers by
+their process titles, the baseline process, and apart from them the brokers, the bench's meter
+and the sink. A table per mode and, with --json FILE, one JSON line with every figure. Speed is
+never asserted anywhere: this is a measurement, not a test.
 
-The subprocess mode _relay is this file run again.
+The subprocess modes (_relay, _consume, _sink) are this file run again.
 """
 
 import argparse
@@ -26,20 +28,22 @@ import signal
 import sys
 import tempfile
 
-from benchlib import baselines, e2e, net, report
+from benchlib import baselines, e2e, net, report, sender, udp
 from benchlib.resources import INTERRUPTED, Bench, Resources, check_interrupted, log
-from benchlib.workload import SIZES, Source, create_topic, preproduce
+from benchlib.workload import SIZES, Source, create_topic, preproduce, warm_up_offsets
 
 from diode.brokers import KINDS
 
-MODES = {"e2e": e2e}
-SUBPROCESS_MODES = {"_relay": baselines.relay_main}
+MODES = {"e2e": e2e, "sender": sender}
+SUBPROCESS_MODES = {"_relay": baselines.relay_main, "_consume": baselines.consume_main,
+                    "_sink": udp.sink_main}
 
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n")[0])
     ap.add_argument("--mode", default="e2e", choices=(*MODES, "all"),
-                    help="what to measure (default e2e: diode end to end against a relay)")
+                    help="what to measure (default e2e): diode end to end against a relay, "
+                         "the sender alone against a plain consumer, or both")
     ap.add_argument("--records-small", type=int, default=200000,
                     help="records of 100-byte values (default 200000)")
     ap.add_argument("--records-large", type=int, default=20000,
@@ -107,6 +111,8 @@ def measure_all(b: Bench, modes: list, sizes: list, results: dict) -> None:
         create_topic(src.bootstrap, topic)
         secs, ends = preproduce(src.bootstrap, topic, n, size, args.compressible)
         log(f"pre-produced {n} records of {size} B to {topic} in {secs:.1f} s")
+        if set(modes) & {"sender", "receiver"}:  # the modes that commit offsets
+            warm_up_offsets(src.bootstrap, topic)
         s = Source(size_name, size, n, src, topic, ends)
         for mode in modes:
             check_interrupted()

@@ -3,11 +3,12 @@
 - resources: brokers and processes started by the bench, and their clean-up; logging;
 - net: what the kernel says about UDP sockets (/proc/net/udp, /proc/net/snmp);
 - workload: source topics and the records pre-produced to them;
-- meter: how a run's progress is read (destination watermarks), the
+- meter: how a run's progress is read (destination watermarks, committed offsets), the
   --verify count, and the loop that waits for a run to end;
 - cpu: CPU seconds per process (psutil), diode's workers named by their process titles;
 - launch: a diode topology written and launched (one side or both), its metrics files;
-- baselines: the plain processes diode is compared with (the relay);
-- e2e: the measurement mode;
+- udp: the UDP sink (counts datagrams);
+- baselines: the plain processes diode is compared with (relay, consumer);
+- e2e, sender: the measurement modes;
 - report: the table per mode and the JSON line.
 """

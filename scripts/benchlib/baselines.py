@@ -3,6 +3,9 @@ mode, each a subprocess mode of bench.py measured exactly as diode is.
 
 - `_relay SRC DST TOPIC DEST_TOPIC COUNT` (e2e): consume -> produce in one process, the
   record's key, value, timestamp and headers plus the provenance headers, to the same partition.
+- `_consume SRC TOPIC GROUP COUNT COMMIT_MS` (sender alone): reads the topic from the beginning
+  in consume(1000) batches, touches each message's key, value and headers, and commits its
+  positions every COMMIT_MS and at the end, as diode's kafka_reader does.
 
 The relay uses diode's own producer settings (diode.kafka.producer_config). Every baseline stays
 after its work until SIGTERM, so the bench reads its CPU time as it does diode's.
@@ -75,4 +78,31 @@ def relay_main(argv) -> int:
     c.close()
     print(f"relayed {done} record(s), {left} unconfirmed", flush=True)
     return _stay(done >= count and not left)
+
+
+def consume_main(argv) -> int:
+    """The sender-alone baseline: a plain consumer, committing as it goes."""
+    src, topic, group, count, commit_ms = argv[0], argv[1], argv[2], int(argv[3]), int(argv[4])
+    c = _consumer(src, topic, group)
+    done = touched = 0
+    next_commit = time.monotonic() + commit_ms / 1000
+    idle_since = time.monotonic()
+    while done < count and time.monotonic() - idle_since < 30:
+        msgs = c.consume(1000, 0.1)
+        for m in msgs:
+            if m.error():
+                continue
+            touched += len(m.key() or b"") + len(m.value() or b"") + len(m.headers() or ())
+            m.timestamp()
+            done += 1
+        if msgs:
+            idle_since = time.monotonic()
+        if time.monotonic() >= next_commit:
+            c.commit(asynchronous=True)  # the positions of everything consumed
+            next_commit = time.monotonic() + commit_ms / 1000
+    c.commit(asynchronous=False)
+    print(f"consumed {done} record(s) ({touched} key/value bytes and headers)", flush=True)
+    ok = done >= count
+    c.close()
+    return _stay(ok)
 

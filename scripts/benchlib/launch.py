@@ -12,6 +12,10 @@ from diode.metrics import read_counter
 
 from .resources import REPO, Bench, log
 
+# Readers commit what was sent this often in the modes timed by committed offsets (sender
+# alone, capture): the default (1000 ms) would add up to a second to every run's end.
+SENDER_COMMIT_INTERVAL_MS = 100
+
 
 def topology(b: Bench, name: str, src: str, dst: str, topic: str, prefix: str, udp_port: int,
              run_dir: str, rate_mbps: float, extra: dict | None = None) -> dict:
@@ -49,6 +53,11 @@ def topology(b: Bench, name: str, src: str, dst: str, topic: str, prefix: str, u
         target = cfg.setdefault(section, {}) if rest else cfg
         target[rest or section] = yaml.safe_load(value)
     return cfg
+
+
+def group_id(cfg: dict) -> str:
+    """The sender's consumer group (diode.kafka.consumer_config: diode-NAME unless set)."""
+    return cfg["sender"]["kafka"].get("group.id") or f"diode-{cfg['name']}"
 
 
 class DiodeLaunch:

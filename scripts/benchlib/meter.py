@@ -8,6 +8,8 @@
   and takes the end from the last record: exact on both brokers, and cheap, since nothing is
   read while the watermarks move. A run's end is the tick at which the watermarks last moved
   (a new batch always moves them, on Tansu too).
+- CommitMeter: records a consumer group has committed (the sender's kafka_reader commits what
+  was handed to the kernel), from its committed offsets every tick.
 - verify_distinct (--verify): the one exact count after a run, by reading every record once and
   counting distinct sourcePartition/sourceOffset headers, so duplicates cannot hide losses.
 """
@@ -110,6 +112,37 @@ class WatermarkMeter(_Progress):
     def close(self) -> None:
         self.tail.close()
         self.admin = None  # its connections close with it, before the broker stops
+
+
+class CommitMeter(_Progress):
+    def __init__(self, bootstrap: str, group: str, topic: str, partitions: int = PARTITIONS):
+        super().__init__()
+        self.tps = [TopicPartition(topic, p) for p in range(partitions)]
+        self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                           "enable.auto.commit": False})  # never joins: reads commits only
+        self.committed: dict = {}
+
+    def poll(self) -> int:
+        now = time.monotonic()
+        try:
+            committed = self.c.committed(self.tps, timeout=5)
+        except KafkaException:
+            return self.count  # the group coordinator is not ready: the next tick asks again
+        got = {tp.partition: max(0, tp.offset) for tp in committed}
+        count = sum(got.values())
+        if count > self.count:
+            self._moved(now)
+        self.committed, self.count = got, count
+        return count
+
+    def final(self) -> int:
+        first, last = self.first_at, self.last_at
+        self.poll()
+        self.first_at, self.last_at = first, last
+        return self.count
+
+    def close(self) -> None:
+        self.c.close()
 
 
 def verify_distinct(bootstrap: str, topic: str, timeout: float = 120.0) -> dict:

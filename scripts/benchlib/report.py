@@ -6,6 +6,8 @@ import sys
 TITLES = {
     "e2e": "e2e: diode end to end against the one-process relay (from launch until the last "
            "record is in the destination)",
+    "sender": "sender alone: `diode launch --side sender` into a counting UDP sink, against a "
+              "plain consumer (from launch until the group's committed offsets reach the end)",
 }
 
 

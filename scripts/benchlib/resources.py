@@ -4,7 +4,9 @@ Every process is started in its own session and registered here, so that the end
 an error or Ctrl-C stops each one and whatever it forked, and nothing else.
 """
 
+import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -121,6 +123,42 @@ class Resources:
             self.stop_broker(b)
         for d in self.dirs:
             shutil.rmtree(d, ignore_errors=True)
+
+
+def read_line(p: subprocess.Popen, prefix: str, timeout: float) -> str | None:
+    """The next line of `p`'s stdout (a pipe) that starts with `prefix`, waiting at most
+    `timeout` seconds; None when it did not come (or `p` closed its stdout)."""
+    buf = p.__dict__.setdefault("_bench_lines", bytearray())
+    fd = p.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    while True:
+        while b"\n" in buf:
+            line, _, rest = bytes(buf).partition(b"\n")
+            buf[:] = rest
+            text = line.decode(errors="replace")
+            if text.startswith(prefix):
+                return text
+        check_interrupted()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], min(left, 0.2))
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            buf += chunk
+
+
+def read_json(p: subprocess.Popen, prefix: str, timeout: float) -> dict:
+    """The JSON after `prefix` on the next such line of `p`'s stdout ({} when none came)."""
+    line = read_line(p, prefix, timeout)
+    return json.loads(line[len(prefix):]) if line else {}
+
+
+def tell(p: subprocess.Popen, line: str) -> None:
+    p.stdin.write(line.encode() + b"\n")
+    p.stdin.flush()
 
 
 @dataclass

@@ -4,7 +4,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from .resources import check_interrupted
@@ -85,3 +85,22 @@ def preproduce(bootstrap: str, topic: str, count: int, size: int,
                            f"{sum(ends.values())}, not {count}: is the topic new?")
     return time.monotonic() - t0, ends
 
+
+def warm_up_offsets(bootstrap: str, topic: str, timeout: float = 60.0) -> None:
+    """Commit an offset once for a throwaway group, so that the broker's offsets topic exists
+    before a timed run commits (Apache Kafka creates __consumer_offsets, 50 partitions, on the
+    first use: seconds that the first system measured would otherwise pay alone)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-warm-up",
+                  "enable.auto.commit": False})
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                c.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+                return
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        c.close()
