@@ -1,4 +1,4 @@
-"""Throughput benchmark: diode end to end, and its sender alone, against plain Kafka processes.
+"""Throughput benchmark: diode end to end, and each side alone, against plain Kafka processes.
 
 Run with ./scripts/bench (it installs .venv first). Everything runs on 127.0.0.1, on embedded
 brokers (--broker: Apache Kafka by default, or Tansu): per record size, a source broker with N
@@ -8,16 +8,18 @@ broker for every measurement. --mode picks what is measured (docs/performance.md
 - e2e (default): `diode launch` (both sides) against a one-process relay (consume -> produce);
 - sender: `diode launch --side sender` into a UDP sink that only counts, against a plain
   consumer; timed until the consumer group's committed offsets reach the end of the topic;
-- all: both, one after the other, per record size.
+- receiver: one sender run's datagrams captured to a file, then replayed at
+  `diode launch --side receiver`, against a plain producer writing the same records;
+- all: the three, one after the other, per record size.
 
 Progress is read from offsets, never by consuming the records (scripts/benchlib/meter.py):
 destination watermarks, or committed offsets. --verify adds one exact count of distinct
 records after each run. CPU seconds are read with psutil for every process: diode's workers by
 their process titles, the baseline process, and apart from them the brokers, the bench's meter
-and the sink. A table per mode and, with --json FILE, one JSON line with every figure. Speed is
-never asserted anywhere: this is a measurement, not a test.
+and the sink or replayer. A table per mode and, with --json FILE, one JSON line with every
+figure. Speed is never asserted anywhere: this is a measurement, not a test.
 
-The subprocess modes (_relay, _consume, _sink) are this file run again.
+The subprocess modes (_relay, _consume, _produce, _sink, _replay) are this file run again.
 """
 
 import argparse
@@ -28,22 +30,24 @@ import signal
 import sys
 import tempfile
 
-from benchlib import baselines, e2e, net, report, sender, udp
+from benchlib import baselines, e2e, net, receiver, report, sender, udp
 from benchlib.resources import INTERRUPTED, Bench, Resources, check_interrupted, log
 from benchlib.workload import SIZES, Source, create_topic, preproduce, warm_up_offsets
 
 from diode.brokers import KINDS
 
-MODES = {"e2e": e2e, "sender": sender}
+MODES = {"e2e": e2e, "sender": sender, "receiver": receiver}
 SUBPROCESS_MODES = {"_relay": baselines.relay_main, "_consume": baselines.consume_main,
-                    "_sink": udp.sink_main}
+                    "_produce": baselines.produce_main, "_sink": udp.sink_main,
+                    "_replay": udp.replay_main}
 
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n")[0])
     ap.add_argument("--mode", default="e2e", choices=(*MODES, "all"),
                     help="what to measure (default e2e): diode end to end against a relay, "
-                         "the sender alone against a plain consumer, or both")
+                         "the sender alone against a plain consumer, the receiver alone "
+                         "against a plain producer, or all three")
     ap.add_argument("--records-small", type=int, default=200000,
                     help="records of 100-byte values (default 200000)")
     ap.add_argument("--records-large", type=int, default=20000,
@@ -57,10 +61,12 @@ def parse_args(argv):
                          "random bytes (incompressible)")
     ap.add_argument("--datagram-bytes", type=int, default=65000)
     ap.add_argument("--rate-mbps", type=float, default=0.0,
-                    help="link.rate.mbps of the first diode run (0: unpaced)")
+                    help="link.rate.mbps of the first diode run (0: unpaced); in receiver mode "
+                         "the replayer's pace (0: as fast as the receiver's socket is read)")
     ap.add_argument("--paced-mbps", type=float, default=400.0,
                     help="link.rate.mbps of the rerun (e2e: once per size when an unpaced run "
-                         "lost records or datagrams) (default 400; 0: no rerun)")
+                         "lost records or datagrams; receiver: when the capture lost "
+                         "datagrams) (default 400; 0: no rerun)")
     ap.add_argument("--receive-buffer", type=int, default=0,
                     help="link.receive.buffer.bytes (default: net.core.rmem_max)")
     ap.add_argument("--readers", type=int, default=1)
@@ -76,7 +82,7 @@ def parse_args(argv):
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--verify", action="store_true",
                     help="after each run, read the destination once and count distinct records "
-                         "by their sourcePartition/sourceOffset headers (e2e)")
+                         "by their sourcePartition/sourceOffset headers (e2e, receiver)")
     ap.add_argument("--meter-interval", type=float, default=0.1,
                     help="seconds between two readings of offsets (default 0.1)")
     ap.add_argument("--first-timeout", type=float, default=60.0,
@@ -87,7 +93,7 @@ def parse_args(argv):
                          "can still complete the run (default 35)")
     ap.add_argument("--json", metavar="FILE", help="append one JSON line with every figure")
     ap.add_argument("--keep", action="store_true",
-                    help="keep the work dir (logs, metrics)")
+                    help="keep the work dir (logs, metrics, captures)")
     args = ap.parse_args(argv)
     if not args.receive_buffer:
         args.receive_buffer = net.rmem_max() or 4 * 1024 * 1024
@@ -169,6 +175,8 @@ def main(argv) -> int:
     if "e2e" in results["modes"]:  # where the JSON line had them before there were modes
         results["sizes"] = results["modes"]["e2e"]["sizes"]
         results["summary"] = results["modes"]["e2e"]["summary"]
+    if b.captures:
+        results["captures"] = b.captures
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps(results, sort_keys=True) + "\n")

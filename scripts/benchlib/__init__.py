@@ -7,8 +7,8 @@
   --verify count, and the loop that waits for a run to end;
 - cpu: CPU seconds per process (psutil), diode's workers named by their process titles;
 - launch: a diode topology written and launched (one side or both), its metrics files;
-- udp: the UDP sink (counts datagrams);
-- baselines: the plain processes diode is compared with (relay, consumer);
-- e2e, sender: the measurement modes;
+- udp: the UDP sink (counts or captures datagrams) and the replayer (sends a capture);
+- baselines: the plain processes diode is compared with (relay, consumer, producer);
+- e2e, sender, receiver: the measurement modes;
 - report: the table per mode and the JSON line.
 """

@@ -6,11 +6,15 @@ mode, each a subprocess mode of bench.py measured exactly as diode is.
 - `_consume SRC TOPIC GROUP COUNT COMMIT_MS` (sender alone): reads the topic from the beginning
   in consume(1000) batches, touches each message's key, value and headers, and commits its
   positions every COMMIT_MS and at the end, as diode's kafka_reader does.
+- `_produce SRC DST TOPIC DEST_TOPIC COUNT` (receiver alone): loads the source records into
+  memory, prints `ready`, and on `go` (stdin) produces them with the provenance headers, as
+  the kafka_writer writes them.
 
-The relay uses diode's own producer settings (diode.kafka.producer_config). Every baseline stays
+Producers use diode's own producer settings (diode.kafka.producer_config). Every baseline stays
 after its work until SIGTERM, so the bench reads its CPU time as it does diode's.
 """
 
+import select
 import signal
 import sys
 import time
@@ -106,3 +110,37 @@ def consume_main(argv) -> int:
     c.close()
     return _stay(ok)
 
+
+def produce_main(argv) -> int:
+    """The receiver-alone baseline: the source records from memory to the destination."""
+    src, dst, topic, dest_topic, count = argv[0], argv[1], argv[2], argv[3], int(argv[4])
+    c = _consumer(src, topic)
+    records = []  # (value, key, partition, timestamp, headers, offset)
+    idle_since = time.monotonic()
+    while len(records) < count and time.monotonic() - idle_since < 30:
+        msgs = c.consume(1000, 0.5)
+        for m in msgs:
+            if m.error() is None:
+                ts_type, ts = m.timestamp()
+                records.append((m.value(), m.key(), m.partition(), ts if ts_type else 0,
+                                m.headers() or [], m.offset()))
+        if msgs:
+            idle_since = time.monotonic()
+    c.close()
+    p = Producer(producer_config({"bootstrap.servers": dst}))  # the kafka_writer's settings
+    p.list_topics(dest_topic, timeout=10)  # metadata before the clock starts, as diode's writer
+    print(f"ready {len(records)} records", flush=True)
+    while not select.select([sys.stdin], [], [], 0.2)[0]:
+        pass
+    if sys.stdin.readline().strip() != "go":
+        return 1
+    t0 = time.monotonic()
+    for i, (value, key, partition, ts, headers, offset) in enumerate(records):
+        _produce(p, dest_topic, (value, key, partition, ts),
+                 list(headers) + _provenance(topic, partition, offset))
+        if i % 1000 == 0:
+            p.poll(0)
+    left = p.flush(60)
+    print(f"produced {len(records)} record(s) in {time.monotonic() - t0:.2f} s, {left} "
+          "unconfirmed", file=sys.stderr, flush=True)
+    return _stay(len(records) >= count and not left)

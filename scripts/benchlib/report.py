@@ -8,6 +8,9 @@ TITLES = {
            "record is in the destination)",
     "sender": "sender alone: `diode launch --side sender` into a counting UDP sink, against a "
               "plain consumer (from launch until the group's committed offsets reach the end)",
+    "receiver": "receiver alone: a captured link replayed at `diode launch --side receiver`, "
+                "against a plain producer (from the first datagram / record until the last "
+                "record is in the destination)",
 }
 
 

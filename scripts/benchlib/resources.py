@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from diode.brokers import EmbeddedBroker, free_port, make_broker
@@ -167,10 +167,11 @@ class Bench:
     args: object
     res: Resources
     work: str
+    captures: dict = field(default_factory=dict)  # size -> the capture run (receiver mode)
 
     @property
     def secret(self) -> str:
-        """The link's password file (one per bench)."""
+        """The link's password file (one per bench: captured datagrams stay readable)."""
         path = os.path.join(self.work, "bench.password")
         if not os.path.exists(path):
             Path(path).write_text(os.urandom(16).hex() + "\n")

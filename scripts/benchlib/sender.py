@@ -2,7 +2,8 @@
 sink that only counts) against a plain consumer reading the same topic. Both are timed from
 the start of the process until their consumer group's committed offsets reach the end of the
 source topic (CommitMeter): diode's kafka_reader commits only what was handed to the kernel, so
-that is "every record sent"."""
+that is "every record sent". capture() is the same run with a sink that keeps every datagram,
+for the receiver alone."""
 
 import os
 import signal
@@ -27,6 +28,23 @@ def run(b: Bench, s: Source) -> list:
         rows.append(r)
         log(f"sender diode {s.size_name}: {rate(r)[0]:,.0f} records/s")
     return rows
+
+
+def capture(b: Bench, s: Source) -> tuple[str, dict]:
+    """Every datagram of one sender run in a file (udp.py's format), for the receiver alone.
+    Rerun paced at --paced-mbps if the sink's socket dropped any (the capture must be whole)."""
+    path = os.path.join(b.work, f"capture-{s.size_name}.bin")
+    r = diode(b, s, "capture", b.args.rate_mbps, capture_to=path)
+    if (r["sink_socket_drops"] or r["missing"]) and b.args.paced_mbps:
+        log(f"capture {s.size_name}: the sink dropped {r['sink_socket_drops']} datagrams: "
+            f"capturing again paced at {b.args.paced_mbps:g} Mbit/s")
+        r = diode(b, s, "capture-paced", b.args.paced_mbps, capture_to=path)
+    if r["sink_socket_drops"] or r["missing"]:
+        raise RuntimeError(f"capture {s.size_name}: {r['sink_socket_drops']} datagrams dropped, "
+                           f"{r['missing']} records not sent: the receiver runs would be short")
+    log(f"capture {s.size_name}: {r['sink']['datagrams']} datagrams, "
+        f"{r['sink']['bytes'] / 1e6:.1f} MB in {path}")
+    return path, r
 
 
 def diode(b: Bench, s: Source, tag: str, rate_mbps: float, capture_to: str | None = None):
