@@ -15,9 +15,10 @@ broker for every measurement. --mode picks what is measured (docs/performance.md
 Progress is read from offsets, never by consuming the records (scripts/benchlib/meter.py):
 destination watermarks, or committed offsets. --verify adds one exact count of distinct
 records after each run. CPU seconds are read with psutil for every process: diode's workers by
-their process titles, the baseline process, and apart from them the brokers, the bench's meter
-and the sink or replayer. A table per mode and, with --json FILE, one JSON line with every
-figure. Speed is never asserted anywhere: this is a measurement, not a test.
+their process titles, the baseline process, and apart from them the brokers, the bench's meter,
+the sink or replayer and py-spy. --profile runs py-spy on every diode worker. A table per mode
+and, with --json FILE, one JSON line with every figure. Speed is never asserted anywhere: this
+is a measurement, not a test.
 
 The subprocess modes (_relay, _consume, _produce, _sink, _replay) are this file run again.
 """
@@ -29,8 +30,10 @@ import platform
 import signal
 import sys
 import tempfile
+import time
 
 from benchlib import baselines, e2e, net, receiver, report, sender, udp
+from benchlib.profile import py_spy
 from benchlib.resources import INTERRUPTED, Bench, Resources, check_interrupted, log
 from benchlib.workload import SIZES, Source, create_topic, preproduce, warm_up_offsets
 
@@ -83,6 +86,10 @@ def parse_args(argv):
     ap.add_argument("--verify", action="store_true",
                     help="after each run, read the destination once and count distinct records "
                          "by their sourcePartition/sourceOffset headers (e2e, receiver)")
+    ap.add_argument("--profile", nargs="?", const="", metavar="DIR",
+                    help="py-spy record every diode worker during the measured run: collapsed "
+                         "stacks and speedscope files in DIR (default: a new temp dir), and the "
+                         "top frames by self time per stage")
     ap.add_argument("--meter-interval", type=float, default=0.1,
                     help="seconds between two readings of offsets (default 0.1)")
     ap.add_argument("--first-timeout", type=float, default=60.0,
@@ -101,9 +108,16 @@ def parse_args(argv):
 
 
 def setup(args) -> Bench:
+    if args.profile is not None and not py_spy():
+        raise SystemExit("--profile needs py-spy: ./scripts/bench installs it into .venv when "
+                         "given --profile (or: .venv/bin/python -m pip install py-spy)")
     b = Bench(args, Resources(args.broker), tempfile.mkdtemp(prefix="diode-bench-"))
     if not args.keep:
         b.res.dirs.append(b.work)
+    if args.profile is not None:
+        b.profile_dir = args.profile or tempfile.mkdtemp(
+            prefix=f"diode-bench-profiles-{time.strftime('%Y%m%d-%H%M%S')}-")
+        os.makedirs(b.profile_dir, exist_ok=True)
     return b
 
 
@@ -177,6 +191,10 @@ def main(argv) -> int:
         results["summary"] = results["modes"]["e2e"]["summary"]
     if b.captures:
         results["captures"] = b.captures
+    if b.profile_dir is not None:
+        results["profiles"] = b.profiles
+        report.print_profiles(b.profiles, b.profile_dir)
+        log(f"profiles written to {b.profile_dir}")
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps(results, sort_keys=True) + "\n")

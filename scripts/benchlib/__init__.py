@@ -7,6 +7,7 @@
   --verify count, and the loop that waits for a run to end;
 - cpu: CPU seconds per process (psutil), diode's workers named by their process titles;
 - launch: a diode topology written and launched (one side or both), its metrics files;
+- profile: py-spy on every diode worker, collapsed stacks, self time per stage;
 - udp: the UDP sink (counts or captures datagrams) and the replayer (sends a capture);
 - baselines: the plain processes diode is compared with (relay, consumer, producer);
 - e2e, sender, receiver: the measurement modes;

@@ -1,8 +1,8 @@
 """CPU seconds (user + system) per process, read with psutil.
 
 The system measured is a process tree (diode's supervisor and workers, or one baseline
-process); the brokers, the bench's own meter and the bench's helpers (the UDP sink or
-replayer) are counted apart, so the table can say what the system itself cost."""
+process); the brokers, the bench's own meter and the bench's helpers (the UDP sink or replayer,
+py-spy) are counted apart, so the table can say what the system itself cost."""
 
 import psutil
 

@@ -12,6 +12,7 @@ from . import net
 from .cpu import CpuWatch, diode_label
 from .launch import DiodeLaunch, link_figures, topology
 from .meter import WatermarkMeter, measure, verify_distinct
+from .profile import Profiler
 from .report import rate, run_result
 from .resources import Bench, bench_mode, log
 from .workload import Source, create_topic
@@ -61,8 +62,11 @@ def diode(b: Bench, s: Source, rate_mbps: float, tag: str) -> dict:
         f"({'unpaced' if not rate_mbps else f'{rate_mbps:g} Mbit/s'})")
     proc = launch.start()
     cpu = CpuWatch(proc.pid, diode_label, [s.broker, dst])
+    prof = Profiler(b, name, cpu) if b.profile_dir else None
 
     def tick():
+        if prof is not None:
+            prof.watch(proc.pid)
         d = net.udp_socket_drops(udp_port)
         if d is not None:
             socket_drops.append(d)
@@ -70,6 +74,8 @@ def diode(b: Bench, s: Source, rate_mbps: float, tag: str) -> dict:
     verify = None
     try:
         end = measure(meter, s.count, proc, cpu, launch.started, args, tick)
+        if prof is not None:
+            b.profiles.append(prof.stop())
         drops1 = net.udp_rcvbuf_errors()
         launch.stop()
         for broker in (s.broker, dst):

@@ -14,6 +14,7 @@ from . import net, sender
 from .cpu import CpuWatch, diode_label
 from .launch import DiodeLaunch, link_figures, topology
 from .meter import WatermarkMeter, measure, verify_distinct
+from .profile import Profiler
 from .report import rate, run_result
 from .resources import Bench, bench_mode, log, read_json, read_line, tell
 from .workload import Source, create_topic
@@ -59,15 +60,23 @@ def diode(b: Bench, s: Source, capture: str, tag: str, rate_mbps: float) -> dict
                                     "--queue-limit", args.receive_buffer // 2),
                          log_path=os.path.join(b.work, f"replay-{name}.log"), pipes=True)
     cpu = CpuWatch(proc.pid, diode_label, [dst], {"replayer": [replayer.pid]})
+    prof = Profiler(b, name, cpu) if b.profile_dir else None
     verify = replay = None
     try:
         if read_line(replayer, "ready", args.first_timeout) is None:
             raise RuntimeError(f"the receiver did not bind udp port {port} within "
                                f"{args.first_timeout:.0f} s (log: {launch.logfile})")
+        if prof is not None:
+            for _ in range(5):  # every worker profiled before the first datagram
+                prof.watch(proc.pid)
+                time.sleep(0.1)
         cpu.rebase()
         started = time.monotonic()
         tell(replayer, "go")
-        end = measure(meter, s.count, proc, cpu, started, args)
+        end = measure(meter, s.count, proc, cpu, started, args,
+                      prof and (lambda: prof.watch(proc.pid)))
+        if prof is not None:
+            b.profiles.append(prof.stop())
         replay = read_json(replayer, "done ", 10 if end["ended"] == "complete" else 1)
         drops = net.udp_socket_drops(port)
         launch.stop()

@@ -1,5 +1,6 @@
-"""What a run reports, the table per mode and the medians."""
+"""What a run reports, the table per mode, the medians and the profiles' top frames."""
 
+import os
 import statistics
 import sys
 
@@ -136,3 +137,15 @@ def _per_process(r, cpu: dict) -> str:
         return f"{name} {sec:.2f} ({us}, {core})"
     return ", ".join(one(k, v) for k, v in cpu.items())
 
+
+def print_profiles(profiles: list, directory: str, file=sys.stdout) -> None:
+    print(f"\nprofiles (py-spy, 100 Hz, samples of running threads) in {directory}: "
+          "per run, each worker's collapsed stacks (.txt) and speedscope file; self time per "
+          "stage, top frames:", file=file)
+    for prof in profiles:
+        names = ", ".join(os.path.basename(f) for f in prof["files"]) or "no files"
+        print(f"\n  {prof['run']}: {names}", file=file)
+        for stage, s in prof["stages"].items():
+            print(f"    {stage} ({s['samples']} samples):", file=file)
+            for frame, n in s["top_self"]:
+                print(f"      {100 * n / max(1, s['samples']):5.1f}%  {frame}", file=file)

@@ -163,10 +163,13 @@ def tell(p: subprocess.Popen, line: str) -> None:
 
 @dataclass
 class Bench:
-    """What every mode shares: the options, the resources, the work dir."""
+    """What every mode shares: the options, the resources, the work dir, the profiler's
+    directory (None: no profiles)."""
     args: object
     res: Resources
     work: str
+    profile_dir: str | None = None
+    profiles: list = field(default_factory=list)  # every profile summary, for the report
     captures: dict = field(default_factory=dict)  # size -> the capture run (receiver mode)
 
     @property

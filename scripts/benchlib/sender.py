@@ -13,6 +13,7 @@ from . import net
 from .cpu import CpuWatch, diode_label
 from .launch import SENDER_COMMIT_INTERVAL_MS, DiodeLaunch, group_id, link_figures, topology
 from .meter import CommitMeter, measure
+from .profile import Profiler
 from .report import rate, run_result
 from .resources import Bench, bench_mode, log, read_json, read_line
 from .workload import Source
@@ -65,8 +66,12 @@ def diode(b: Bench, s: Source, tag: str, rate_mbps: float, capture_to: str | Non
         f"port {port} ({'unpaced' if not rate_mbps else f'{rate_mbps:g} Mbit/s'})")
     proc = launch.start()
     cpu = CpuWatch(proc.pid, diode_label, [s.broker], {"sink": [sink.pid]})
+    prof = Profiler(b, name, cpu) if b.profile_dir and not capture_to else None
     try:
-        end = measure(meter, s.count, proc, cpu, launch.started, args)
+        end = measure(meter, s.count, proc, cpu, launch.started, args,
+                      prof and (lambda: prof.watch(proc.pid)))
+        if prof is not None:
+            b.profiles.append(prof.stop())
         launch.stop()
         meter.final()
         drops = net.udp_socket_drops(port)
