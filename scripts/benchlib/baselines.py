@@ -1,0 +1,146 @@
+"""What diode is compared with: the simplest process that does the same Kafka work, one per
+mode, each a subprocess mode of bench.py measured exactly as diode is.
+
+- `_relay SRC DST TOPIC DEST_TOPIC COUNT` (e2e): consume -> produce in one process, the
+  record's key, value, timestamp and headers plus the provenance headers, to the same partition.
+- `_consume SRC TOPIC GROUP COUNT COMMIT_MS` (sender alone): reads the topic from the beginning
+  in consume(1000) batches, touches each message's key, value and headers, and commits its
+  positions every COMMIT_MS and at the end, as diode's kafka_reader does.
+- `_produce SRC DST TOPIC DEST_TOPIC COUNT` (receiver alone): loads the source records into
+  memory, prints `ready`, and on `go` (stdin) produces them with the provenance headers, as
+  the kafka_writer writes them.
+
+Producers use diode's own producer settings (diode.kafka.producer_config). Every baseline stays
+after its work until SIGTERM, so the bench reads its CPU time as it does diode's.
+"""
+
+import select
+import signal
+import sys
+import time
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from diode.kafka import producer_config
+
+from .workload import PARTITIONS
+
+
+def _consumer(bootstrap: str, topic: str, group: str = "bench-baseline") -> Consumer:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                  "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    return c
+
+
+def _produce(p: Producer, topic: str, m_or_record, headers) -> None:
+    value, key, partition, ts = m_or_record
+    kw = {"timestamp": ts} if ts else {}
+    while True:
+        try:
+            p.produce(topic, value=value, key=key, headers=headers, partition=partition, **kw)
+            return
+        except BufferError:
+            p.poll(0.05)
+
+
+def _provenance(topic: str, partition: int, offset: int) -> list:
+    return [("sourceTopic", topic.encode()), ("sourcePartition", str(partition).encode()),
+            ("sourceOffset", str(offset).encode())]
+
+
+def _stay(ok: bool) -> int:
+    """Stay until the bench has measured the run and read our CPU time, as diode does."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0 if ok else 1))
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+    return 0 if ok else 1
+
+
+def relay_main(argv) -> int:
+    """The e2e baseline: one process, consume -> produce, the same headers plus provenance."""
+    src, dst, topic, dest_topic, count = argv[0], argv[1], argv[2], argv[3], int(argv[4])
+    c = _consumer(src, topic, "bench-relay")
+    p = Producer(producer_config({"bootstrap.servers": dst}))  # the kafka_writer's settings
+    done = 0
+    idle_since = time.monotonic()
+    while done < count and time.monotonic() - idle_since < 30:
+        msgs = c.consume(1000, 0.1)
+        for m in msgs:
+            if m.error():
+                continue
+            headers = list(m.headers() or ()) + _provenance(m.topic(), m.partition(), m.offset())
+            ts_type, ts = m.timestamp()
+            _produce(p, dest_topic, (m.value(), m.key(), m.partition(), ts if ts_type else 0),
+                     headers)
+            done += 1
+        if msgs:
+            idle_since = time.monotonic()
+        p.poll(0)
+    left = p.flush(60)
+    c.close()
+    print(f"relayed {done} record(s), {left} unconfirmed", flush=True)
+    return _stay(done >= count and not left)
+
+
+def consume_main(argv) -> int:
+    """The sender-alone baseline: a plain consumer, committing as it goes."""
+    src, topic, group, count, commit_ms = argv[0], argv[1], argv[2], int(argv[3]), int(argv[4])
+    c = _consumer(src, topic, group)
+    done = touched = 0
+    next_commit = time.monotonic() + commit_ms / 1000
+    idle_since = time.monotonic()
+    while done < count and time.monotonic() - idle_since < 30:
+        msgs = c.consume(1000, 0.1)
+        for m in msgs:
+            if m.error():
+                continue
+            touched += len(m.key() or b"") + len(m.value() or b"") + len(m.headers() or ())
+            m.timestamp()
+            done += 1
+        if msgs:
+            idle_since = time.monotonic()
+        if time.monotonic() >= next_commit:
+            c.commit(asynchronous=True)  # the positions of everything consumed
+            next_commit = time.monotonic() + commit_ms / 1000
+    c.commit(asynchronous=False)
+    print(f"consumed {done} record(s) ({touched} key/value bytes and headers)", flush=True)
+    ok = done >= count
+    c.close()
+    return _stay(ok)
+
+
+def produce_main(argv) -> int:
+    """The receiver-alone baseline: the source records from memory to the destination."""
+    src, dst, topic, dest_topic, count = argv[0], argv[1], argv[2], argv[3], int(argv[4])
+    c = _consumer(src, topic)
+    records = []  # (value, key, partition, timestamp, headers, offset)
+    idle_since = time.monotonic()
+    while len(records) < count and time.monotonic() - idle_since < 30:
+        msgs = c.consume(1000, 0.5)
+        for m in msgs:
+            if m.error() is None:
+                ts_type, ts = m.timestamp()
+                records.append((m.value(), m.key(), m.partition(), ts if ts_type else 0,
+                                m.headers() or [], m.offset()))
+        if msgs:
+            idle_since = time.monotonic()
+    c.close()
+    p = Producer(producer_config({"bootstrap.servers": dst}))  # the kafka_writer's settings
+    p.list_topics(dest_topic, timeout=10)  # metadata before the clock starts, as diode's writer
+    print(f"ready {len(records)} records", flush=True)
+    while not select.select([sys.stdin], [], [], 0.2)[0]:
+        pass
+    if sys.stdin.readline().strip() != "go":
+        return 1
+    t0 = time.monotonic()
+    for i, (value, key, partition, ts, headers, offset) in enumerate(records):
+        _produce(p, dest_topic, (value, key, partition, ts),
+                 list(headers) + _provenance(topic, partition, offset))
+        if i % 1000 == 0:
+            p.poll(0)
+    left = p.flush(60)
+    print(f"produced {len(records)} record(s) in {time.monotonic() - t0:.2f} s, {left} "
+          "unconfirmed", file=sys.stderr, flush=True)
+    return _stay(len(records) >= count and not left)

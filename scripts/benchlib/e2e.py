@@ -1,0 +1,140 @@
+"""--mode e2e: diode end to end (both sides, one `diode launch`) against the one-process relay,
+each writing to a fresh destination broker, timed from the start of the process until the last
+record is in the destination topic (WatermarkMeter)."""
+
+import os
+import socket
+import time
+
+from diode.brokers import free_port
+
+from . import net
+from .cpu import CpuWatch, diode_label
+from .launch import DiodeLaunch, link_figures, topology
+from .meter import WatermarkMeter, measure, verify_distinct
+from .profile import Profiler
+from .report import rate, run_result
+from .resources import Bench, bench_mode, log
+from .workload import Source, create_topic
+
+
+def run(b: Bench, s: Source) -> list:
+    """--repeat runs of each system, alternating; an unpaced diode run that loses records or
+    datagrams is rerun once per size paced at --paced-mbps."""
+    args = b.args
+    rows = []
+    paced_done = False
+    for run_no in range(1, args.repeat + 1):
+        if not args.skip_baseline:
+            rows.append({**relay(b, s, str(run_no)), "run": run_no})
+            log(f"e2e baseline {s.size_name}: {rate(rows[-1])[0]:,.0f} records/s")
+        r = {**diode(b, s, args.rate_mbps, str(run_no)), "run": run_no}
+        rows.append(r)
+        log(f"e2e diode {s.size_name}: {rate(r)[0]:,.0f} records/s, {r['missing']} missing")
+        link_loss = r["datagrams_sent"] - r["datagrams_received"]
+        if (r["missing"] > 0 or link_loss > 0) and args.paced_mbps and not args.rate_mbps \
+                and not paced_done:
+            paced_done = True  # once per size: enough to show what pacing changes
+            log(f"e2e diode {s.size_name}: {r['missing']} records missing, {link_loss:.0f} "
+                f"datagrams lost on the link: rerunning paced at {args.paced_mbps:g} Mbit/s")
+            r = {**diode(b, s, args.paced_mbps, f"{run_no}paced"), "run": run_no}
+            rows.append(r)
+            log(f"e2e diode {s.size_name} paced: {rate(r)[0]:,.0f} records/s, "
+                f"{r['missing']} missing")
+    return rows
+
+
+def diode(b: Bench, s: Source, rate_mbps: float, tag: str) -> dict:
+    args, res = b.args, b.res
+    dst = res.broker(f"dest-diode-{s.size_name}-{tag}", b.work)
+    prefix = f"d{tag}_"
+    dest_topic = prefix + s.topic
+    create_topic(dst.bootstrap, dest_topic)
+    udp_port = free_port(socket.SOCK_DGRAM)
+    name = f"e2e-{s.size_name}-{tag}"
+    cfg = topology(b, f"bench-{name}", s.broker.bootstrap, dst.bootstrap, s.topic, prefix,
+                   udp_port, os.path.join(b.work, f"run-{name}"), rate_mbps)
+    launch = DiodeLaunch(b, cfg, name)
+    meter = WatermarkMeter(dst.bootstrap, dest_topic)
+    drops0 = net.udp_rcvbuf_errors()
+    socket_drops = []
+    log(f"e2e diode {s.size_name}: launching "
+        f"({'unpaced' if not rate_mbps else f'{rate_mbps:g} Mbit/s'})")
+    proc = launch.start()
+    cpu = CpuWatch(proc.pid, diode_label, [s.broker, dst])
+    prof = Profiler(b, name, cpu) if b.profile_dir else None
+
+    def tick():
+        if prof is not None:
+            prof.watch(proc.pid)
+        d = net.udp_socket_drops(udp_port)
+        if d is not None:
+            socket_drops.append(d)
+
+    verify = None
+    try:
+        end = measure(meter, s.count, proc, cpu, launch.started, args, tick)
+        if prof is not None:
+            b.profiles.append(prof.stop())
+        drops1 = net.udp_rcvbuf_errors()
+        launch.stop()
+        for broker in (s.broker, dst):
+            if not broker.alive():
+                log(f"embedded broker {broker.name} is not running any more "
+                    f"(exit {broker.proc.poll()})")
+        meter.final()  # anything the drain flushed
+        if args.verify:
+            verify = verify_distinct(dst.bootstrap, dest_topic)
+    finally:
+        launch.stop()  # error or Ctrl-C: stop it while its brokers still run
+        meter.close()
+        res.stop_broker(dst)
+    launch.report_failure(end["ended"])
+    metrics = launch.metrics()
+    system = "diode" if not rate_mbps else f"diode@{rate_mbps:g}Mb/s"
+    r = run_result(system, meter, s.count, launch.started, end, launch.code, s.value_size,
+                   verify)
+    figures = link_figures(metrics)
+    drops = max(socket_drops) if socket_drops else None
+    r.update(figures, rate_mbps=rate_mbps, metrics=metrics, udp_socket_drops=drops,
+             kernel_udp_rcvbuf_drops=drops1 - drops0 if drops0 >= 0 <= drops1 else None)
+    r["notes"] = [
+        (f"datagrams sent {figures['datagrams_sent']:.0f}, "
+        f"received {figures['datagrams_received']:.0f}"),
+        (f"receive-buffer drops: {'?' if drops is None else drops} "
+        f"(machine-wide {r['kernel_udp_rcvbuf_drops']})"),
+        f"reader rewinds: {figures['rewinds']:.0f}"]
+    return r
+
+
+def relay(b: Bench, s: Source, tag: str) -> dict:
+    args, res = b.args, b.res
+    dst = res.broker(f"dest-relay-{s.size_name}-{tag}", b.work)
+    dest_topic = f"relay{tag}_" + s.topic
+    create_topic(dst.bootstrap, dest_topic)
+    logfile = os.path.join(b.work, f"relay-{s.size_name}-{tag}.log")
+    meter = WatermarkMeter(dst.bootstrap, dest_topic)
+    log(f"e2e baseline {s.size_name}: starting the relay")
+    started = time.monotonic()
+    proc = res.popen(bench_mode("_relay", s.broker.bootstrap, dst.bootstrap, s.topic,
+                                dest_topic, s.count), log_path=logfile)
+    cpu = CpuWatch(proc.pid, lambda p: "relay", [s.broker, dst])
+    verify = None
+    try:
+        end = measure(meter, s.count, proc, cpu, started, args)
+        code = res.stop_proc(proc)
+        meter.final()
+        if end["ended"] == "process exited with 0":  # it flushed and left between two ticks
+            end["ended"] = "complete" if meter.count >= s.count else "relay finished short"
+        if args.verify:
+            verify = verify_distinct(dst.bootstrap, dest_topic)
+    finally:
+        if proc.returncode is None:  # error or Ctrl-C: stop it while its brokers still run
+            res.stop_proc(proc, 15)
+        meter.close()
+        res.stop_broker(dst)
+    if end["ended"] != "complete":
+        with open(logfile, errors="replace") as f:
+            log(f"e2e baseline {s.size_name}: {end['ended']}; log: " + f.read()[-2000:])
+    return run_result("baseline", meter, s.count, started, end, code, s.value_size, verify,
+                      baseline=True)

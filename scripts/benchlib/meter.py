@@ -1,0 +1,198 @@
+"""How a run's progress is read without loading the machine, and how a run is waited for.
+
+- WatermarkMeter: records in a destination topic, from its partitions' offsets (ListOffsets
+  every tick), never by reading the records. The writers are idempotent producers, so the
+  offsets count records. Tansu's "latest" offset is the first offset of the last batch written
+  + 1, not the end (DESIGN.md §7): a lower bound. When the watermarks stop moving the meter
+  reads each partition's tail once from there to the end of the partition (a batch at most)
+  and takes the end from the last record: exact on both brokers, and cheap, since nothing is
+  read while the watermarks move. A run's end is the tick at which the watermarks last moved
+  (a new batch always moves them, on Tansu too).
+- CommitMeter: records a consumer group has committed (the sender's kafka_reader commits what
+  was handed to the kernel), from its committed offsets every tick.
+- verify_distinct (--verify): the one exact count after a run, by reading every record once and
+  counting distinct sourcePartition/sourceOffset headers, so duplicates cannot hide losses.
+"""
+
+import time
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from .resources import check_interrupted
+from .workload import PARTITIONS
+
+
+class _Progress:
+    """count (records so far), first_at / last_at (monotonic time of the first tick that saw a
+    record and of the last tick that saw progress)."""
+
+    def __init__(self):
+        self.count = 0
+        self.first_at = None
+        self.last_at = None
+
+    def _moved(self, now: float) -> None:
+        self.last_at = now
+        if self.first_at is None:
+            self.first_at = now
+
+
+class WatermarkMeter(_Progress):
+    def __init__(self, bootstrap: str, topic: str, partitions: int = PARTITIONS):
+        super().__init__()
+        self.tps = [TopicPartition(topic, p) for p in range(partitions)]
+        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.tail = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-meter",
+                              "enable.auto.commit": False, "enable.partition.eof": True,
+                              "fetch.wait.max.ms": 10})
+        self.low = {tp.partition: 0 for tp in self.tps}
+        self.reported: dict = {}        # partition -> "latest" as the broker reports it
+        self.end = {tp.partition: 0 for tp in self.tps}  # partition -> end found so far
+        self.tailed_at = None           # the reported offsets the last tail read started from
+        self.tail_reads = 0
+
+    def _list(self, spec) -> dict:
+        futures = self.admin.list_offsets({tp: spec for tp in self.tps}, request_timeout=5)
+        return {tp.partition: f.result().offset for tp, f in futures.items()}
+
+    def poll(self, force_tail: bool = False) -> int:
+        now = time.monotonic()
+        try:
+            reported = self._list(OffsetSpec.latest())
+            if not self.reported:
+                self.low = self._list(OffsetSpec.earliest())
+        except KafkaException:
+            return self.count  # a broker busy or electing: the next tick asks again
+        moved = reported != self.reported
+        self.reported = reported
+        for p, o in reported.items():
+            self.end[p] = max(self.end[p], o)
+        if moved and sum(reported.values()) > sum(self.low.values()):
+            self._moved(now)
+        if (force_tail or not moved) and reported != self.tailed_at:
+            self._read_tail(reported)
+        self.count = sum(max(0, self.end[p] - self.low[p]) for p in self.end)
+        return self.count
+
+    def _read_tail(self, reported: dict, timeout: float = 5.0) -> None:
+        """Each written partition from its reported "latest" - 1 to the end of the partition."""
+        start = [TopicPartition(tp.topic, tp.partition, max(self.low[tp.partition],
+                                                              reported[tp.partition] - 1))
+                 for tp in self.tps if reported[tp.partition] > self.low[tp.partition]]
+        self.tailed_at = dict(reported)
+        if not start:
+            return
+        self.tail_reads += 1
+        self.tail.assign(start)
+        open_ = {tp.partition for tp in start}
+        deadline = time.monotonic() + timeout
+        try:
+            while open_ and time.monotonic() < deadline:
+                for m in self.tail.consume(1000, 0.2):
+                    err = m.error()
+                    if err is None:
+                        self.end[m.partition()] = max(self.end[m.partition()], m.offset() + 1)
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        open_.discard(m.partition())
+        finally:
+            self.tail.unassign()
+        if open_:
+            self.tailed_at = None  # not finished: read again next time
+
+    def final(self) -> int:
+        """The exact count once writing stopped (a tail read whatever the watermarks did);
+        the run's first and last progress stay what the measurement saw."""
+        first, last = self.first_at, self.last_at
+        self.tailed_at = None
+        self.poll(force_tail=True)
+        self.first_at, self.last_at = first, last
+        return self.count
+
+    def close(self) -> None:
+        self.tail.close()
+        self.admin = None  # its connections close with it, before the broker stops
+
+
+class CommitMeter(_Progress):
+    def __init__(self, bootstrap: str, group: str, topic: str, partitions: int = PARTITIONS):
+        super().__init__()
+        self.tps = [TopicPartition(topic, p) for p in range(partitions)]
+        self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                           "enable.auto.commit": False})  # never joins: reads commits only
+        self.committed: dict = {}
+
+    def poll(self) -> int:
+        now = time.monotonic()
+        try:
+            committed = self.c.committed(self.tps, timeout=5)
+        except KafkaException:
+            return self.count  # the group coordinator is not ready: the next tick asks again
+        got = {tp.partition: max(0, tp.offset) for tp in committed}
+        count = sum(got.values())
+        if count > self.count:
+            self._moved(now)
+        self.committed, self.count = got, count
+        return count
+
+    def final(self) -> int:
+        first, last = self.first_at, self.last_at
+        self.poll()
+        self.first_at, self.last_at = first, last
+        return self.count
+
+    def close(self) -> None:
+        self.c.close()
+
+
+def verify_distinct(bootstrap: str, topic: str, timeout: float = 120.0) -> dict:
+    """Every record of `topic` read once: how many, and how many distinct by provenance."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-verify",
+                  "enable.auto.commit": False, "enable.partition.eof": True})
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    seen, total, open_ = set(), 0, set(range(PARTITIONS))
+    deadline = time.monotonic() + timeout
+    try:
+        while open_ and time.monotonic() < deadline:
+            check_interrupted()
+            for m in c.consume(5000, 0.5):
+                err = m.error()
+                if err is None:
+                    h = dict(m.headers() or ())
+                    seen.add((h.get("sourcePartition"), h.get("sourceOffset")))
+                    total += 1
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    open_.discard(m.partition())
+    finally:
+        c.close()
+    return {"distinct": len(seen), "total": total, "complete_read": not open_}
+
+
+def measure(meter, expected: int, proc, cpu, started: float, args, on_tick=None) -> dict:
+    """Poll `meter` every args.meter_interval seconds until it counts `expected` records, the
+    flow went idle (args.idle_timeout), nothing came (args.first_timeout) or `proc` died.
+
+    CPU is snapshot whenever the count moved, so a run that ends idle (records lost) is charged
+    the CPU used until its last progress, not the idle wait after it."""
+    out = {"cpu": cpu.snapshot()}
+    snapped_at = None
+    next_tick = time.monotonic()
+    while True:
+        check_interrupted()
+        count = meter.poll()
+        now = time.monotonic()
+        if on_tick is not None:
+            on_tick()
+        if meter.last_at != snapped_at:
+            out["cpu"] = cpu.snapshot()
+            snapped_at = meter.last_at
+        if count >= expected:
+            return {**out, "ended": "complete"}
+        if proc.poll() is not None:
+            return {**out, "ended": f"process exited with {proc.returncode}"}
+        if meter.last_at is None and now - started > args.first_timeout:
+            return {**out, "ended": f"no record within {args.first_timeout:.0f} s"}
+        if meter.last_at is not None and now - meter.last_at > args.idle_timeout:
+            return {**out, "ended": f"idle for {args.idle_timeout:.0f} s"}
+        next_tick += args.meter_interval
+        time.sleep(max(0.0, next_tick - time.monotonic()))

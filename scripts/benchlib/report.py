@@ -1,0 +1,151 @@
+"""What a run reports, the table per mode, the medians and the profiles' top frames."""
+
+import os
+import statistics
+import sys
+
+TITLES = {
+    "e2e": "e2e: diode end to end against the one-process relay (from launch until the last "
+           "record is in the destination)",
+    "sender": "sender alone: `diode launch --side sender` into a counting UDP sink, against a "
+              "plain consumer (from launch until the group's committed offsets reach the end)",
+    "receiver": "receiver alone: a captured link replayed at `diode launch --side receiver`, "
+                "against a plain producer (from the first datagram / record until the last "
+                "record is in the destination)",
+}
+
+
+def run_result(system: str, meter, expected: int, started: float, end: dict, code,
+               value_size: int, verify: dict | None = None, baseline: bool = False) -> dict:
+    """What every measured run reports. `meter` counted progress; `verify` (--verify) is the
+    exact count of distinct records read back after the run."""
+    finished = meter.last_at or started
+    received = min(meter.count, expected) if verify is None else verify["distinct"]
+    cpu = end["cpu"]
+    return {
+        "system": system,
+        "baseline": baseline,
+        "expected": expected,
+        "received": received,
+        "counted": meter.count,
+        "missing": expected - received,
+        "duplicates": None if verify is None else verify["total"] - verify["distinct"],
+        "seconds": finished - started,
+        "seconds_first_to_last": (meter.last_at - meter.first_at) if meter.first_at else None,
+        "value_bytes": received * value_size,
+        "cpu_seconds": sum(cpu["per_process"].values()),
+        "cpu_per_process": cpu["per_process"],
+        "broker_cpu_seconds": cpu["brokers"],
+        "apart_cpu_seconds": cpu["apart"],
+        "ended": end["ended"],
+        "exit_code": code,
+        "meter_tail_reads": getattr(meter, "tail_reads", None),
+    }
+
+
+def rate(r) -> tuple[float, float]:
+    if not r["seconds"] or r["seconds"] <= 0:
+        return 0.0, 0.0
+    return r["received"] / r["seconds"], r["value_bytes"] / r["seconds"] / 1e6
+
+
+def summarise(sizes: dict) -> dict:
+    """Per size and system: median records/s and MB/s over the complete runs (over every run
+    when none was complete)."""
+    out = {}
+    for size_name, rows in sizes.items():
+        by_system: dict = {}
+        for r in rows:
+            by_system.setdefault(r["system"], []).append(r)
+        out[size_name] = {}
+        for system, runs in by_system.items():
+            complete = [r for r in runs if not r["missing"]] or runs
+            out[size_name][system] = {
+                "baseline": runs[0]["baseline"],
+                "records_per_second": statistics.median(rate(r)[0] for r in complete),
+                "mb_per_second": statistics.median(rate(r)[1] for r in complete),
+                "runs": [rate(r)[0] for r in runs],
+                "incomplete_runs": sum(1 for r in runs if r["missing"]),
+            }
+    return out
+
+
+def _baseline_of(rows, r):
+    return next((b for b in rows if b["baseline"] and b.get("run") == r.get("run")), None)
+
+
+def print_mode(mode: str, result: dict, value_bytes: dict, broker: str, file=sys.stdout):
+    def p(line=""):
+        print(line, file=file)
+
+    p()
+    p("== " + TITLES[mode])
+    p("records/s and MB/s (value bytes) over that time; steady: first record to last; ratio: "
+      "records/s against the baseline of the same run; µs/rec: CPU per record.")
+    p(f"{'size':<13} {'system':<20} {'records':>8} {'missing':>7} {'seconds':>7} "
+      f"{'records/s':>10} {'MB/s':>6} {'steady/s':>9} {'CPU s':>6} {'µs/rec':>6} {'ratio':>5}")
+    for size_name, rows in result["sizes"].items():
+        for r in rows:
+            base = _baseline_of(rows, r)
+            rps, mbps = rate(r)
+            ratio = ""
+            if base and r is not base and rate(base)[0]:
+                ratio = f"{rps / rate(base)[0]:.2f}"
+            steady = r["seconds_first_to_last"]
+            steady = f"{r['received'] / steady:,.0f}" if steady else "-"
+            per_rec = 1e6 * r["cpu_seconds"] / r["received"] if r["received"] else 0.0
+            label = f"{size_name} {value_bytes[size_name]} B"
+            p(f"{label:<13} {r['system']:<20} {r['received']:>8} {r['missing']:>7} "
+              f"{r['seconds']:>7.1f} {rps:>10,.0f} {mbps:>6.1f} {steady:>9} "
+              f"{r['cpu_seconds']:>6.1f} {per_rec:>6.0f} {ratio:>5}")
+    summary = result.get("summary", {})
+    if any(len(m["runs"]) > 1 for by_system in summary.values() for m in by_system.values()):
+        p()
+        p("medians over the complete runs (records/s, MB/s, ratio of medians):")
+        for size_name, by_system in summary.items():
+            base = next((m["records_per_second"] for m in by_system.values() if m["baseline"]),
+                        None)
+            for system, m in by_system.items():
+                ratio = (f"  ratio {m['records_per_second'] / base:.2f}"
+                         if base and not m["baseline"] else "")
+                p(f"  {size_name:<6} {system:<20} {m['records_per_second']:>10,.0f} records/s "
+                  f"{m['mb_per_second']:>6.1f} MB/s  (runs: "
+                  + ", ".join(f"{x:,.0f}" for x in m["runs"]) + ")"
+                  + (f" {m['incomplete_runs']} incomplete" if m["incomplete_runs"] else "")
+                  + ratio)
+    p()
+    p("CPU per process: seconds (µs per record, % of one core over the run):")
+    for size_name, rows in result["sizes"].items():
+        for r in rows:
+            p(f"  {size_name:<5} {r['system']:<20} " + _per_process(r, r["cpu_per_process"]))
+            helpers = {**{f"{broker} {k}": v for k, v in r["broker_cpu_seconds"].items()},
+                       **r["apart_cpu_seconds"]}
+            notes = ["apart: " + _per_process(r, helpers)]
+            notes += r.get("notes", [])
+            if r["duplicates"]:
+                notes.append(f"duplicates: {r['duplicates']}")
+            if r["ended"] != "complete":
+                notes.append(f"ended: {r['ended']}")
+            p(f"  {'':<5} {'':<20} " + "; ".join(notes))
+    p()
+
+
+def _per_process(r, cpu: dict) -> str:
+    def one(name, sec):
+        us = f"{1e6 * sec / r['received']:.1f} µs" if r["received"] else "- µs"
+        core = f"{100 * sec / r['seconds']:.0f}%" if r["seconds"] > 0 else "-"
+        return f"{name} {sec:.2f} ({us}, {core})"
+    return ", ".join(one(k, v) for k, v in cpu.items())
+
+
+def print_profiles(profiles: list, directory: str, file=sys.stdout) -> None:
+    print(f"\nprofiles (py-spy, 100 Hz, samples of running threads) in {directory}: "
+          "per run, each worker's collapsed stacks (.txt) and speedscope file; self time per "
+          "stage, top frames:", file=file)
+    for prof in profiles:
+        names = ", ".join(os.path.basename(f) for f in prof["files"]) or "no files"
+        print(f"\n  {prof['run']}: {names}", file=file)
+        for stage, s in prof["stages"].items():
+            print(f"    {stage} ({s['samples']} samples):", file=file)
+            for frame, n in s["top_self"]:
+                print(f"      {100 * n / max(1, s['samples']):5.1f}%  {frame}", file=file)
