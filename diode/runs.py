@@ -6,8 +6,9 @@ records sent again by `diode resend`, outside any chain). Its encoding is the wi
 (docs/wire-format.md): a fixed little-endian header, the topic, then the columns
 
     offsets i64[n] | timestamps i64[n] | timestamp types u8[n] | key lengths i32[n]
-    | value lengths i32[n] | header lengths i32[n] (only with FLAG_HEADERS)
-    | keys | values | headers
+    | value lengths i32[n] | [header counts i32[n] | header name lengths u16[h]
+    | header value lengths i32[h]] (only with FLAG_HEADERS; h headers in all)
+    | keys | values | [header names | header values]
 
 with -1 for a null key or value. The kafka_reader encodes a run once from what it consumed;
 the packer concatenates runs into datagrams (splitting one only where a datagram ends); the
@@ -24,12 +25,13 @@ import struct
 import sys
 import zlib
 from array import array
-from itertools import accumulate
+from itertools import accumulate, repeat
+from operator import add, itemgetter
 
 from diode.errors import RejectedDatagram
 from diode.records import RESEND, Record
 
-FLAG_HEADERS = 1  # the run has a header-lengths column and a headers block
+FLAG_HEADERS = 1  # the run has header columns and blocks
 
 # length, topic length, flags, partition, partition count, count, prev, keys/values/headers bytes
 HEADER = struct.Struct("<IHBxiiiqIII")
@@ -52,90 +54,79 @@ def _lens(items) -> array:
     return array("i", [-1 if x is None else len(x) for x in items])
 
 
-def encode_headers(headers) -> bytes:
-    """One record's headers: (u16 name length, name, i32 value length or -1, value)*."""
-    out = []
-    for name, value in headers:
-        n = name.encode() if isinstance(name, str) else bytes(name)
-        out.append(_HEADER_NAME.pack(len(n)))
-        out.append(n)
-        if value is None:
-            out.append(_HEADER_VALUE.pack(-1))
-        else:
-            if isinstance(value, str):
-                value = value.encode()
-            out.append(_HEADER_VALUE.pack(len(value)))
-            out.append(value)
-    return b"".join(out)
+def header_columns(lists) -> tuple | None:
+    """Each record's headers (a list of (name, value) or None) as columns: (counts, name
+    lengths, value lengths, names, values); None when no record has any."""
+    if not any(lists):
+        return None
+    flat = [h for hs in lists if hs for h in hs]
+    names = [n.encode() if isinstance(n, str) else bytes(n) for n, _ in flat]
+    values = [v.encode() if isinstance(v, str) else v for _, v in flat]
+    return (array("i", [len(hs) if hs else 0 for hs in lists]), array("H", map(len, names)),
+            _lens(values), b"".join(names), b"".join(filter(None, values)))
 
 
-def decode_headers(blob) -> list:
-    """The inverse of encode_headers. Raises ValueError on malformed bytes."""
-    out, pos, end = [], 0, len(blob)
-    while pos < end:
-        (n,) = _HEADER_NAME.unpack_from(blob, pos)
-        pos += 2
-        name = bytes(blob[pos:pos + n]).decode()
-        pos += n
-        (v,) = _HEADER_VALUE.unpack_from(blob, pos)
-        pos += 4
-        if v < -1 or pos + max(v, 0) > end:
-            raise ValueError("header value runs past its record")
-        out.append((name, None if v < 0 else bytes(blob[pos:pos + v])))
-        pos += max(v, 0)
-    if pos != end:
-        raise ValueError("header block runs past its record")
-    return out
+_names: dict = {}  # header names seen, bytes -> str (few, and repeated on every record)
+
+
+def _name(raw: bytes) -> str:
+    name = _names.get(raw)
+    if name is None:
+        name = raw.decode()
+        if len(_names) < 4096:
+            _names[raw] = name
+    return name
 
 
 def encode(topic: str, partition: int, partition_count: int, prev: int, offsets: array,
            timestamps: array, types: bytes, key_lens: array, value_lens: array, keys: bytes,
-           values: bytes, header_lens: array | None = None, headers: bytes = b"") -> bytes:
-    """A run from its columns (arrays of native byte order)."""
+           values: bytes, headers: tuple | None = None) -> bytes:
+    """A run from its columns (arrays of native byte order; `headers` as header_columns
+    makes them)."""
     t = topic.encode()
     n = len(offsets)
-    flags = FLAG_HEADERS if header_lens is not None else 0
     parts = [b"", t, _le(offsets).tobytes(), _le(timestamps).tobytes(), bytes(types),
              _le(key_lens).tobytes(), _le(value_lens).tobytes()]
-    if header_lens is not None:
-        parts.append(_le(header_lens).tobytes())
-    parts += [keys, values, headers]
+    header_bytes = 0
+    if headers is not None:
+        counts, name_lens, value_lens_h, names, hvalues = headers
+        parts += [_le(array("i", counts)).tobytes(), _le(array("H", name_lens)).tobytes(),
+                  _le(array("i", value_lens_h)).tobytes()]
+        header_bytes = len(names) + len(hvalues)
+    parts += [keys, values]
+    if headers is not None:
+        parts += [names, hvalues]
     length = HEADER_BYTES + sum(map(len, parts))
-    parts[0] = HEADER.pack(length, len(t), flags, partition, partition_count, n, prev,
-                           len(keys), len(values), len(headers))
+    parts[0] = HEADER.pack(length, len(t), FLAG_HEADERS if headers is not None else 0,
+                           partition, partition_count, n, prev, len(keys), len(values),
+                           header_bytes)
     return b"".join(parts)
 
 
 def from_messages(topic: str, partition: int, partition_count: int, prev: int, msgs) -> bytes:
-    """A run from confluent_kafka Messages of one partition (in offset order)."""
-    stamps = [m.timestamp() for m in msgs]
-    keys = [m.key() for m in msgs]
-    values = [m.value() for m in msgs]
-    raw_headers = [m.headers() for m in msgs]
-    header_lens = headers = None
-    if any(raw_headers):
-        blobs = [encode_headers(h) if h else b"" for h in raw_headers]
-        header_lens = array("i", map(len, blobs))
-        headers = b"".join(blobs)
+    """A run from confluent_kafka Messages of one partition (in offset order). Columns are
+    read with map() over the Message class's own methods: no Python frame per record."""
+    cls = type(msgs[0])
+    stamps = list(map(cls.timestamp, msgs))
+    keys = list(map(cls.key, msgs))
+    values = list(map(cls.value, msgs))
     return encode(topic, partition, partition_count, prev,
-                  array("q", [m.offset() for m in msgs]), array("q", [s[1] for s in stamps]),
-                  bytes([s[0] for s in stamps]), _lens(keys), _lens(values),
-                  b"".join(filter(None, keys)), b"".join(filter(None, values)), header_lens,
-                  headers or b"")
+                  array("q", map(cls.offset, msgs)), array("q", map(itemgetter(1), stamps)),
+                  bytes(map(itemgetter(0), stamps)), _lens(keys), _lens(values),
+                  b"".join(filter(None, keys)), b"".join(filter(None, values)),
+                  header_columns(list(map(cls.headers, msgs))))
 
 
 def from_records(records, partition_count: int = 1, prev: int | None = None) -> bytes:
     """A run from Records of one partition (tests, the dead-letter and resend paths)."""
     r0 = records[0]
-    has_headers = any(r.headers for r in records)
-    blobs = [encode_headers(r.headers) for r in records] if has_headers else None
     return encode(
         r0.topic, r0.partition, partition_count, r0.prev_offset if prev is None else prev,
         array("q", [r.offset for r in records]), array("q", [r.timestamp for r in records]),
         bytes([r.timestamp_type for r in records]), _lens([r.key for r in records]),
         _lens([r.value for r in records]), b"".join(r.key or b"" for r in records),
         b"".join(r.value or b"" for r in records),
-        array("i", map(len, blobs)) if has_headers else None, b"".join(blobs or ()))
+        header_columns([list(r.headers) for r in records]))
 
 
 def encode_records(records, partition_counts: dict | None = None) -> bytes:
@@ -201,11 +192,11 @@ class Run:
     """A decoded run: columns as arrays, the byte blocks as slices of the received buffer."""
 
     __slots__ = ("topic", "partition", "partition_count", "prev", "offsets", "timestamps",
-                 "types", "key_lens", "value_lens", "header_lens", "keys", "values", "headers",
-                 "_key_pos", "_value_pos", "_header_pos", "_own")
+                 "types", "key_lens", "value_lens", "keys", "values", "headers", "_key_pos",
+                 "_value_pos", "_own")
 
     def __init__(self, topic, partition, partition_count, prev, offsets, timestamps, types,
-                 key_lens, value_lens, header_lens, keys, values, headers):
+                 key_lens, value_lens, keys, values, headers=None):
         self.topic = topic
         self.partition = partition
         self.partition_count = partition_count
@@ -215,16 +206,17 @@ class Run:
         self.types = types
         self.key_lens = key_lens
         self.value_lens = value_lens
-        self.header_lens = header_lens
         self.keys = keys
         self.values = values
-        self.headers = headers
-        self._key_pos = self._value_pos = self._header_pos = self._own = None
+        self.headers = headers  # (counts, name lengths, value lengths, names, values) or None
+        self._key_pos = self._value_pos = self._own = None
 
     @classmethod
-    def decode(cls, buf, max_records: int = 1 << 20) -> "Run":
+    def decode(cls, buf, max_records: int = 1 << 20, trusted: bool = False) -> "Run":
         """Raises RejectedDatagram('decode_failed') on anything inconsistent: a run comes
-        from an authenticated sender, but a bug there must not become a crash here."""
+        from an authenticated sender, but a bug there must not become a crash here; the
+        records' headers are decoded too, to be checked. `trusted`: a run this process's own
+        side made (the packer cutting a reader's run) is not checked record by record."""
         try:
             length, tlen, flags, partition, pcount, n, prev, kb, vb, hb = HEADER.unpack_from(buf)
             if length != len(buf) or n <= 0 or n > max_records or partition < 0 or \
@@ -238,26 +230,38 @@ class Run:
             pos += n
             key_lens, pos = _column(buf, pos, "i", n)
             value_lens, pos = _column(buf, pos, "i", n)
-            header_lens = None
+            headers = None
             if flags & FLAG_HEADERS:
-                header_lens, pos = _column(buf, pos, "i", n)
+                counts, pos = _column(buf, pos, "i", n)
+                if min(counts) < 0 or sum(counts) > max_records * 64:
+                    raise ValueError("header counts out of range")
+                h = sum(counts)
+                name_lens, pos = _column(buf, pos, "H", h)
+                hvalue_lens, pos = _column(buf, pos, "i", h)
+            elif hb:
+                raise ValueError("headers block without header columns")
             if pos + kb + vb + hb != length:
                 raise ValueError("blocks do not add up to the run's length")
             for lens, block in ((key_lens, kb), (value_lens, vb)):
                 if min(lens) < -1 or sum(lens) + lens.count(-1) != block:
                     raise ValueError("lengths do not match their block")
-            if header_lens is not None and (min(header_lens) < 0 or sum(header_lens) != hb):
-                raise ValueError("header lengths do not match their block")
-            if header_lens is None and hb:
-                raise ValueError("headers block without lengths")
-            if any(a >= b for a, b in zip(offsets, offsets[1:])) or offsets[0] <= prev:
+            if not trusted and (offsets[0] <= prev or
+                                any(a >= b for a, b in zip(offsets, offsets[1:]))):
                 raise ValueError("offsets do not increase")
             keys = buf[pos:pos + kb]
             values = buf[pos + kb:pos + kb + vb]
-            headers = buf[pos + kb + vb:length]
+            if flags & FLAG_HEADERS:
+                nb = sum(name_lens)
+                if h and (min(hvalue_lens) < -1 or
+                          nb + sum(hvalue_lens) + hvalue_lens.count(-1) != hb):
+                    raise ValueError("header lengths do not match their block")
+                start = pos + kb + vb
+                headers = (counts, name_lens, hvalue_lens, buf[start:start + nb],
+                           buf[start + nb:length])
             run = cls(topic, partition, pcount, prev, offsets, timestamps, types, key_lens,
-                      value_lens, header_lens, keys, values, headers)
-            run.header_lists()  # decoded now: a malformed header is this run's rejection
+                      value_lens, keys, values, headers)
+            if not trusted:
+                run.header_lists()  # a malformed header name is this run's rejection
         except RejectedDatagram:
             raise
         except Exception as exc:  # struct.error, UnicodeDecodeError, ValueError, IndexError
@@ -286,13 +290,15 @@ class Run:
         return _slices(self.values, self.value_lens)
 
     def header_lists(self) -> list | None:
-        """Each record's own headers as lists of (name, value), or None when the run has
-        none."""
-        if self.header_lens is None:
+        """Each record's own headers as a list of (name, value), or None when the run has
+        none. Column by column: no parsing per record."""
+        if self.headers is None:
             return None
         if self._own is None:
-            self._own = [decode_headers(b) if b else []
-                         for b in _slices(self.headers, self.header_lens)]
+            counts, name_lens, value_lens, names, values = self.headers
+            flat = list(zip(map(_name, _slices(names, name_lens)), _slices(values, value_lens)))
+            at = _positions(counts)
+            self._own = [flat[a:b] for a, b in zip(at, at[1:])]
         return self._own
 
     def take(self, indices) -> "Run":
@@ -303,51 +309,63 @@ class Run:
         prev = self.prev if i0 == 0 or self.resend else self.offsets[i0 - 1]
         if indices[-1] - i0 + 1 == len(indices):
             return self._slice(i0, indices[-1] + 1, prev)
-        keys, values = self.key_list(), self.value_list()
-        hl = self.header_lens
-        blocks = _slices(self.headers, hl) if hl is not None else None
+        keys, values, own = self.key_list(), self.value_list(), self.header_lists()
         return Run(self.topic, self.partition, self.partition_count, prev,
                    array("q", [self.offsets[i] for i in indices]),
                    array("q", [self.timestamps[i] for i in indices]),
                    bytes(self.types[i] for i in indices),
                    array("i", [self.key_lens[i] for i in indices]),
                    array("i", [self.value_lens[i] for i in indices]),
-                   array("i", [hl[i] for i in indices]) if hl is not None else None,
                    b"".join(keys[i] or b"" for i in indices),
                    b"".join(values[i] or b"" for i in indices),
-                   b"".join(blocks[i] for i in indices) if blocks is not None else b"")
+                   header_columns([own[i] for i in indices]) if own is not None else None)
 
     def _slice(self, a: int, b: int, prev: int) -> "Run":
         if self._key_pos is None:
             self._key_pos = _positions(self.key_lens)
             self._value_pos = _positions(self.value_lens)
-            self._header_pos = _positions(self.header_lens) if self.header_lens else None
-        kp, vp, hp = self._key_pos, self._value_pos, self._header_pos
+        kp, vp = self._key_pos, self._value_pos
+        headers = None
+        if self.headers is not None:
+            counts, name_lens, value_lens, names, values = self.headers
+            at = _positions(counts)
+            h0, h1 = at[a], at[b]
+            np_, vp_ = _positions(name_lens), _positions(value_lens)
+            headers = (counts[a:b], name_lens[h0:h1], value_lens[h0:h1],
+                       names[np_[h0]:np_[h1]], values[vp_[h0]:vp_[h1]])
         return Run(self.topic, self.partition, self.partition_count, prev,
                    self.offsets[a:b], self.timestamps[a:b], self.types[a:b],
                    self.key_lens[a:b], self.value_lens[a:b],
-                   self.header_lens[a:b] if hp else None,
-                   self.keys[kp[a]:kp[b]], self.values[vp[a]:vp[b]],
-                   self.headers[hp[a]:hp[b]] if hp else b"")
+                   self.keys[kp[a]:kp[b]], self.values[vp[a]:vp[b]], headers)
 
     def split_at(self, i: int) -> tuple["Run", "Run"]:
         """(records before i, records from i): the second's prev is the first's last."""
         return self.take(range(i)), self.take(range(i, len(self)))
 
     def encode(self) -> bytes:
+        headers = None
+        if self.headers is not None:
+            counts, name_lens, value_lens, names, values = self.headers
+            headers = (counts, name_lens, value_lens, bytes(names), bytes(values))
         return encode(self.topic, self.partition, self.partition_count, self.prev,
                       array("q", self.offsets), array("q", self.timestamps), self.types,
                       array("i", self.key_lens), array("i", self.value_lens), bytes(self.keys),
-                      bytes(self.values),
-                      array("i", self.header_lens) if self.header_lens is not None else None,
-                      bytes(self.headers))
+                      bytes(self.values), headers)
 
     def record_sizes(self) -> list:
         """Each record's share of the encoding, in bytes."""
-        fixed = FIXED_PER_RECORD + (4 if self.header_lens is not None else 0)
-        sizes = [fixed + max(k, 0) + max(v, 0) for k, v in zip(self.key_lens, self.value_lens)]
-        if self.header_lens is not None:
-            sizes = [s + h for s, h in zip(sizes, self.header_lens)]
+        if -1 in self.key_lens or -1 in self.value_lens:
+            sizes = [FIXED_PER_RECORD + max(k, 0) + max(v, 0)
+                     for k, v in zip(self.key_lens, self.value_lens)]
+        else:  # no nulls: without a Python loop
+            sizes = list(map(add, map(add, self.key_lens, self.value_lens),
+                             repeat(FIXED_PER_RECORD)))
+        if self.headers is not None:
+            counts, name_lens, value_lens, _, _ = self.headers
+            # per header: its two lengths and its bytes; per record: its count
+            ends = [0, *accumulate(6 + n + max(v, 0) for n, v in zip(name_lens, value_lens))]
+            at = _positions(counts)
+            sizes = [s + 4 + ends[b] - ends[a] for s, a, b in zip(sizes, at, at[1:])]
         return sizes
 
     def records(self) -> list:
@@ -362,6 +380,8 @@ class Run:
 
 def _positions(lens) -> list:
     """Start of each item in its block, plus the end: [0, l0, l0+l1, ...] (-1 counts 0)."""
+    if -1 not in lens:
+        return [0, *accumulate(lens)]
     return [0, *accumulate(max(x, 0) for x in lens)]
 
 

@@ -66,10 +66,11 @@ def parse_args(argv):
     ap.add_argument("--rate-mbps", type=float, default=0.0,
                     help="link.rate.mbps of the first diode run (0: unpaced); in receiver mode "
                          "the replayer's pace (0: as fast as the receiver's socket is read)")
-    ap.add_argument("--paced-mbps", type=float, default=400.0,
-                    help="link.rate.mbps of the rerun (e2e: once per size when an unpaced run "
-                         "lost records or datagrams; receiver: when the capture lost "
-                         "datagrams) (default 400; 0: no rerun)")
+    ap.add_argument("--paced-mbps", default="relay",
+                    help="link.rate.mbps of the rerun (e2e: of each unpaced run that lost "
+                         "records or datagrams, by default at the relay's rate of the same "
+                         "repeat; receiver: of the capture when it lost datagrams, 400 by "
+                         "default) (Mbit/s, 'relay', or 0: no rerun)")
     ap.add_argument("--receive-buffer", type=int, default=0,
                     help="link.receive.buffer.bytes (default: net.core.rmem_max)")
     ap.add_argument("--readers", type=int, default=1)

@@ -51,6 +51,8 @@ def topology(b: Bench, name: str, src: str, dst: str, topic: str, prefix: str, u
         key, _, value = item.partition("=")
         section, _, rest = key.partition(".")
         target = cfg.setdefault(section, {}) if rest else cfg
+        if section in ("sender", "receiver") and rest.startswith("kafka."):
+            target, rest = target.setdefault("kafka", {}), rest[len("kafka."):]  # librdkafka's
         target[rest or section] = yaml.safe_load(value)
     return cfg
 

@@ -57,13 +57,15 @@ class WatermarkMeter(_Progress):
         return {tp.partition: f.result().offset for tp, f in futures.items()}
 
     def poll(self, force_tail: bool = False) -> int:
-        now = time.monotonic()
         try:
             reported = self._list(OffsetSpec.latest())
             if not self.reported:
                 self.low = self._list(OffsetSpec.earliest())
         except KafkaException:
             return self.count  # a broker busy or electing: the next tick asks again
+        # when the answer came: a first request to a cold broker can take seconds, and the
+        # records it reports may have been written all through them
+        now = time.monotonic()
         moved = reported != self.reported
         self.reported = reported
         for p, o in reported.items():
@@ -123,11 +125,11 @@ class CommitMeter(_Progress):
         self.committed: dict = {}
 
     def poll(self) -> int:
-        now = time.monotonic()
         try:
             committed = self.c.committed(self.tps, timeout=5)
         except KafkaException:
             return self.count  # the group coordinator is not ready: the next tick asks again
+        now = time.monotonic()  # when the answer came (see WatermarkMeter.poll)
         got = {tp.partition: max(0, tp.offset) for tp in committed}
         count = sum(got.values())
         if count > self.count:
@@ -173,7 +175,8 @@ def measure(meter, expected: int, proc, cpu, started: float, args, on_tick=None)
     flow went idle (args.idle_timeout), nothing came (args.first_timeout) or `proc` died.
 
     CPU is snapshot whenever the count moved, so a run that ends idle (records lost) is charged
-    the CPU used until its last progress, not the idle wait after it."""
+    the CPU used until its last progress, not the idle wait after it; the snapshot when the
+    first records were seen gives the steady cost, startup left out."""
     out = {"cpu": cpu.snapshot()}
     snapped_at = None
     next_tick = time.monotonic()
@@ -186,6 +189,8 @@ def measure(meter, expected: int, proc, cpu, started: float, args, on_tick=None)
         if meter.last_at != snapped_at:
             out["cpu"] = cpu.snapshot()
             snapped_at = meter.last_at
+            if "cpu_first" not in out:  # what startup cost: the steady figures leave it out
+                out["cpu_first"], out["count_first"] = out["cpu"], count
         if count >= expected:
             return {**out, "ended": "complete"}
         if proc.poll() is not None:

@@ -34,6 +34,12 @@ def run_result(system: str, meter, expected: int, started: float, end: dict, cod
         "seconds_first_to_last": (meter.last_at - meter.first_at) if meter.first_at else None,
         "value_bytes": received * value_size,
         "cpu_seconds": sum(cpu["per_process"].values()),
+        # from the first records seen to the last: the cost per record without startup
+        "steady_cpu_seconds": sum(cpu["per_process"].values()) - sum(
+            end.get("cpu_first", cpu)["per_process"].values()),
+        # (none when the meter first saw most of the records at once: a cold broker's first
+        # answer came late, and the steady figures would describe a few records)
+        "steady_records": _steady(meter.count - end.get("count_first", meter.count), expected),
         "cpu_per_process": cpu["per_process"],
         "broker_cpu_seconds": cpu["brokers"],
         "apart_cpu_seconds": cpu["apart"],
@@ -41,6 +47,10 @@ def run_result(system: str, meter, expected: int, started: float, end: dict, cod
         "exit_code": code,
         "meter_tail_reads": getattr(meter, "tail_reads", None),
     }
+
+
+def _steady(records: int, expected: int) -> int:
+    return records if records >= expected / 2 else 0
 
 
 def rate(r) -> tuple[float, float]:
@@ -65,6 +75,9 @@ def summarise(sizes: dict) -> dict:
                 "records_per_second": statistics.median(rate(r)[0] for r in complete),
                 "mb_per_second": statistics.median(rate(r)[1] for r in complete),
                 "runs": [rate(r)[0] for r in runs],
+                "steady_us_per_record": statistics.median(
+                    [1e6 * r["steady_cpu_seconds"] / r["steady_records"] for r in complete
+                     if r.get("steady_records")] or [0.0]),
                 "incomplete_runs": sum(1 for r in runs if r["missing"]),
             }
     return out
@@ -81,9 +94,11 @@ def print_mode(mode: str, result: dict, value_bytes: dict, broker: str, file=sys
     p()
     p("== " + TITLES[mode])
     p("records/s and MB/s (value bytes) over that time; steady: first record to last; ratio: "
-      "records/s against the baseline of the same run; µs/rec: CPU per record.")
+      "records/s against the baseline of the same run; µs/rec: CPU per record, startup "
+      "included; steady µs: from the first records seen to the last.")
     p(f"{'size':<13} {'system':<20} {'records':>8} {'missing':>7} {'seconds':>7} "
-      f"{'records/s':>10} {'MB/s':>6} {'steady/s':>9} {'CPU s':>6} {'µs/rec':>6} {'ratio':>5}")
+      f"{'records/s':>10} {'MB/s':>6} {'steady/s':>9} {'CPU s':>6} {'µs/rec':>6} "
+      f"{'steady µs':>9} {'ratio':>5}")
     for size_name, rows in result["sizes"].items():
         for r in rows:
             base = _baseline_of(rows, r)
@@ -94,23 +109,29 @@ def print_mode(mode: str, result: dict, value_bytes: dict, broker: str, file=sys
             steady = r["seconds_first_to_last"]
             steady = f"{r['received'] / steady:,.0f}" if steady else "-"
             per_rec = 1e6 * r["cpu_seconds"] / r["received"] if r["received"] else 0.0
+            steady_us = (f"{1e6 * r['steady_cpu_seconds'] / r['steady_records']:.1f}"
+                         if r.get("steady_records") else "-")
             label = f"{size_name} {value_bytes[size_name]} B"
             p(f"{label:<13} {r['system']:<20} {r['received']:>8} {r['missing']:>7} "
               f"{r['seconds']:>7.1f} {rps:>10,.0f} {mbps:>6.1f} {steady:>9} "
-              f"{r['cpu_seconds']:>6.1f} {per_rec:>6.0f} {ratio:>5}")
+              f"{r['cpu_seconds']:>6.1f} {per_rec:>6.0f} {steady_us:>9} {ratio:>5}")
     summary = result.get("summary", {})
     if any(len(m["runs"]) > 1 for by_system in summary.values() for m in by_system.values()):
         p()
         p("medians over the complete runs (records/s, MB/s, ratio of medians):")
         for size_name, by_system in summary.items():
-            base = next((m["records_per_second"] for m in by_system.values() if m["baseline"]),
-                        None)
+            base = next((m for m in by_system.values() if m["baseline"]), None)
             for system, m in by_system.items():
-                ratio = (f"  ratio {m['records_per_second'] / base:.2f}"
-                         if base and not m["baseline"] else "")
+                ratio = ""
+                if base and not m["baseline"] and base["records_per_second"]:
+                    ratio = f"  ratio {m['records_per_second'] / base['records_per_second']:.2f}"
+                    if base["steady_us_per_record"]:
+                        ratio += (", steady CPU per record "
+                                  f"{m['steady_us_per_record'] / base['steady_us_per_record']:.2f}"
+                                  "x")
                 p(f"  {size_name:<6} {system:<20} {m['records_per_second']:>10,.0f} records/s "
-                  f"{m['mb_per_second']:>6.1f} MB/s  (runs: "
-                  + ", ".join(f"{x:,.0f}" for x in m["runs"]) + ")"
+                  f"{m['mb_per_second']:>6.1f} MB/s {m['steady_us_per_record']:>5.1f} µs/rec "
+                  "steady (runs: " + ", ".join(f"{x:,.0f}" for x in m["runs"]) + ")"
                   + (f" {m['incomplete_runs']} incomplete" if m["incomplete_runs"] else "")
                   + ratio)
     p()

@@ -36,10 +36,11 @@ def capture(b: Bench, s: Source) -> tuple[str, dict]:
     Rerun paced at --paced-mbps if the sink's socket dropped any (the capture must be whole)."""
     path = os.path.join(b.work, f"capture-{s.size_name}.bin")
     r = diode(b, s, "capture", b.args.rate_mbps, capture_to=path)
-    if (r["sink_socket_drops"] or r["missing"]) and b.args.paced_mbps:
+    paced = 400.0 if b.args.paced_mbps == "relay" else float(b.args.paced_mbps)
+    if (r["sink_socket_drops"] or r["missing"]) and paced:
         log(f"capture {s.size_name}: the sink dropped {r['sink_socket_drops']} datagrams: "
-            f"capturing again paced at {b.args.paced_mbps:g} Mbit/s")
-        r = diode(b, s, "capture-paced", b.args.paced_mbps, capture_to=path)
+            f"capturing again paced at {paced:g} Mbit/s")
+        r = diode(b, s, "capture-paced", paced, capture_to=path)
     if r["sink_socket_drops"] or r["missing"]:
         raise RuntimeError(f"capture {s.size_name}: {r['sink_socket_drops']} datagrams dropped, "
                            f"{r['missing']} records not sent: the receiver runs would be short")
