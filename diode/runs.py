@@ -82,7 +82,7 @@ def encode(topic: str, partition: int, partition_count: int, prev: int, offsets:
            timestamps: array, types: bytes, key_lens: array, value_lens: array, keys: bytes,
            values: bytes, headers: tuple | None = None) -> bytes:
     """A run from its columns (arrays of native byte order; `headers` as header_columns
-    makes them)."""
+    makes them; the blocks bytes or views of bytes)."""
     t = topic.encode()
     n = len(offsets)
     parts = [b"", t, _le(offsets).tobytes(), _le(timestamps).tobytes(), bytes(types),
@@ -193,7 +193,7 @@ class Run:
 
     __slots__ = ("topic", "partition", "partition_count", "prev", "offsets", "timestamps",
                  "types", "key_lens", "value_lens", "keys", "values", "headers", "_key_pos",
-                 "_value_pos", "_own")
+                 "_value_pos", "_header_pos", "_own")
 
     def __init__(self, topic, partition, partition_count, prev, offsets, timestamps, types,
                  key_lens, value_lens, keys, values, headers=None):
@@ -209,7 +209,7 @@ class Run:
         self.keys = keys
         self.values = values
         self.headers = headers  # (counts, name lengths, value lengths, names, values) or None
-        self._key_pos = self._value_pos = self._own = None
+        self._key_pos = self._value_pos = self._header_pos = self._own = None
 
     @classmethod
     def decode(cls, buf, max_records: int = 1 << 20, trusted: bool = False) -> "Run":
@@ -328,9 +328,11 @@ class Run:
         headers = None
         if self.headers is not None:
             counts, name_lens, value_lens, names, values = self.headers
-            at = _positions(counts)
+            if self._header_pos is None:  # (a run is cut many times: once per datagram)
+                self._header_pos = (_positions(counts), _positions(name_lens),
+                                    _positions(value_lens))
+            at, np_, vp_ = self._header_pos
             h0, h1 = at[a], at[b]
-            np_, vp_ = _positions(name_lens), _positions(value_lens)
             headers = (counts[a:b], name_lens[h0:h1], value_lens[h0:h1],
                        names[np_[h0]:np_[h1]], values[vp_[h0]:vp_[h1]])
         return Run(self.topic, self.partition, self.partition_count, prev,
@@ -343,14 +345,11 @@ class Run:
         return self.take(range(i)), self.take(range(i, len(self)))
 
     def encode(self) -> bytes:
-        headers = None
-        if self.headers is not None:
-            counts, name_lens, value_lens, names, values = self.headers
-            headers = (counts, name_lens, value_lens, bytes(names), bytes(values))
+        """The run's bytes (its blocks may be views of a received buffer: copied once)."""
         return encode(self.topic, self.partition, self.partition_count, self.prev,
                       array("q", self.offsets), array("q", self.timestamps), self.types,
-                      array("i", self.key_lens), array("i", self.value_lens), bytes(self.keys),
-                      bytes(self.values), headers)
+                      array("i", self.key_lens), array("i", self.value_lens), self.keys,
+                      self.values, self.headers)
 
     def record_sizes(self) -> list:
         """Each record's share of the encoding, in bytes."""

@@ -61,16 +61,17 @@ class Stage(BaseStage):
         # taken is packed (a message left in the socket is safe, one taken and dropped is lost).
         while got and not self.out.full:
             try:
-                frames = self.input.recv_multipart(zmq.NOBLOCK)
+                # (not copied: runs are cut into datagrams as views of the frames)
+                frames = self.input.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            message = transport.loads(frames[0])
+            message = transport.loads(frames[0].bytes)
             if message[0] == "heartbeat":
                 self._heartbeat(message[1])
                 continue
             _, reader, msg_id, counts = message
             for run, count in zip(frames[1:], counts):
-                self._emit(*self.builder.add(run, (reader, msg_id), count))
+                self._emit(*self.builder.add(run.buffer, (reader, msg_id), count))
             if self.first_pending is None and self.builder.pending:
                 self.first_pending = now
         now = time.monotonic()
@@ -118,6 +119,7 @@ class Stage(BaseStage):
                     for s in sealed]
             self._send([s.datagram for s in sealed], meta)
         for run, tag in oversize:
+            run = bytes(run)  # (it may be a view of a reader's frame)
             if len(run) <= self.t.sender.max_record_bytes:
                 self._fragment(run, tag)
             else:
