@@ -6,7 +6,7 @@ records sent again by `diode resend`, outside any chain). Its encoding is the wi
 (docs/wire-format.md): a fixed little-endian header, the topic, then the columns
 
     offsets i64[n] | timestamps i64[n] | timestamp types u8[n] | key lengths i32[n]
-    | value lengths i32[n] | [header counts i32[n] | header name lengths u16[h]
+    | value lengths i32[n] | [header counts i32[n] | header name lengths i32[h]
     | header value lengths i32[h]] (only with FLAG_HEADERS; h headers in all)
     | keys | values | [header names | header values]
 
@@ -37,9 +37,6 @@ FLAG_HEADERS = 1  # the run has header columns and blocks
 HEADER = struct.Struct("<IHBxiiiqIII")
 HEADER_BYTES = HEADER.size  # 40
 FIXED_PER_RECORD = 8 + 8 + 1 + 4 + 4  # offset, timestamp, type, key and value lengths
-MAX_TOPIC_BYTES = 249  # Kafka's limit
-_HEADER_NAME = struct.Struct("<H")
-_HEADER_VALUE = struct.Struct("<i")
 _LITTLE = sys.byteorder == "little"
 
 
@@ -62,7 +59,7 @@ def header_columns(lists) -> tuple | None:
     flat = [h for hs in lists if hs for h in hs]
     names = [n.encode() if isinstance(n, str) else bytes(n) for n, _ in flat]
     values = [v.encode() if isinstance(v, str) else v for _, v in flat]
-    return (array("i", [len(hs) if hs else 0 for hs in lists]), array("H", map(len, names)),
+    return (array("i", [len(hs) if hs else 0 for hs in lists]), array("i", map(len, names)),
             _lens(values), b"".join(names), b"".join(filter(None, values)))
 
 
@@ -90,7 +87,7 @@ def encode(topic: str, partition: int, partition_count: int, prev: int, offsets:
     header_bytes = 0
     if headers is not None:
         counts, name_lens, value_lens_h, names, hvalues = headers
-        parts += [_le(array("i", counts)).tobytes(), _le(array("H", name_lens)).tobytes(),
+        parts += [_le(array("i", counts)).tobytes(), _le(array("i", name_lens)).tobytes(),
                   _le(array("i", value_lens_h)).tobytes()]
         header_bytes = len(names) + len(hvalues)
     parts += [keys, values]
@@ -236,7 +233,7 @@ class Run:
                 if min(counts) < 0 or sum(counts) > max_records * 64:
                     raise ValueError("header counts out of range")
                 h = sum(counts)
-                name_lens, pos = _column(buf, pos, "H", h)
+                name_lens, pos = _column(buf, pos, "i", h)
                 hvalue_lens, pos = _column(buf, pos, "i", h)
             elif hb:
                 raise ValueError("headers block without header columns")
@@ -252,7 +249,7 @@ class Run:
             values = buf[pos + kb:pos + kb + vb]
             if flags & FLAG_HEADERS:
                 nb = sum(name_lens)
-                if h and (min(hvalue_lens) < -1 or
+                if h and (min(name_lens) < 0 or min(hvalue_lens) < -1 or
                           nb + sum(hvalue_lens) + hvalue_lens.count(-1) != hb):
                     raise ValueError("header lengths do not match their block")
                 start = pos + kb + vb
@@ -362,7 +359,7 @@ class Run:
         if self.headers is not None:
             counts, name_lens, value_lens, _, _ = self.headers
             # per header: its two lengths and its bytes; per record: its count
-            ends = [0, *accumulate(6 + n + max(v, 0) for n, v in zip(name_lens, value_lens))]
+            ends = [0, *accumulate(8 + n + max(v, 0) for n, v in zip(name_lens, value_lens))]
             at = _positions(counts)
             sizes = [s + 4 + ends[b] - ends[a] for s, a, b in zip(sizes, at, at[1:])]
         return sizes

@@ -28,11 +28,13 @@ from diode.topology import Topology, WorkerSpec
 log = logging.getLogger("diode.worker")
 
 PR_SET_PDEATHSIG = 1
-# Allocations of container objects between two young-generation collections. Python's 700 made
-# the cyclic collector 13-16 % of a kafka_writer's and a kafka_reader's CPU (py-spy --native):
-# every record's produce call and header list allocates a few containers, and each collection
-# walks them. The data path makes no reference cycles worth finding sooner.
-GC_THRESHOLD = 100_000
+# Python's cyclic garbage collector, left to itself, was 13-16 % of a kafka_writer's and a
+# kafka_reader's CPU (py-spy --native), and still 16 % of the writer's with a young-generation
+# threshold of 100 000: every record's header list and produce call allocates containers, and
+# collections keep walking the ones alive in the writer's backlog. Reference counting frees the
+# data path's objects; the collector only has cycles to find, and finds them on a clock instead:
+# the young generation every second, everything every GC_FULL_SECONDS.
+GC_FULL_SECONDS = 60.0
 
 
 @dataclass
@@ -201,10 +203,11 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid) -> int:
         ctx.destroy(linger=0)
         raise
     # What exists now (modules, clients, the topology) lives as long as the worker: the
-    # collector never needs to walk it again; and it runs far less often (GC_THRESHOLD).
+    # collector never needs to walk it again; and it runs on a clock (GC_FULL_SECONDS).
     gc.collect()
     gc.freeze()
-    gc.set_threshold(GC_THRESHOLD, 20, 20)
+    gc.disable()
+    next_full_gc = time.monotonic() + GC_FULL_SECONDS
     try:
         while True:
             if flags["stop"] and not stage.stopping:
@@ -215,9 +218,15 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid) -> int:
             if not stage.step():
                 break
             heartbeats.beat(slot)
-            if metrics.due():
+            if metrics.due():  # about once a second
                 metrics.set("cpu_seconds", sum(proc.cpu_times()[:2]))
                 metrics.maybe_write()
+                now = time.monotonic()
+                if now >= next_full_gc:
+                    gc.collect()
+                    next_full_gc = now + GC_FULL_SECONDS
+                else:
+                    gc.collect(0)
     finally:
         stage.close()
         metrics.maybe_write(force=True)

@@ -20,7 +20,8 @@ the sink or replayer and py-spy. --profile runs py-spy on every diode worker. A 
 and, with --json FILE, one JSON line with every figure. Speed is never asserted anywhere: this
 is a measurement, not a test.
 
-The subprocess modes (_relay, _consume, _produce, _sink, _replay) are this file run again.
+The subprocess modes (_relay, _consume, _produce, _sink, _replay, _live) are this file run
+again.
 """
 
 import argparse
@@ -42,7 +43,7 @@ from diode.brokers import KINDS
 MODES = {"e2e": e2e, "sender": sender, "receiver": receiver}
 SUBPROCESS_MODES = {"_relay": baselines.relay_main, "_consume": baselines.consume_main,
                     "_produce": baselines.produce_main, "_sink": udp.sink_main,
-                    "_replay": udp.replay_main}
+                    "_replay": udp.replay_main, "_live": baselines.live_main}
 
 
 def parse_args(argv):
@@ -84,6 +85,13 @@ def parse_args(argv):
                     help="measure each system this many times, alternating (default 2); the "
                          "summary gives medians")
     ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--live", action="store_true",
+                    help="e2e: each run reads a new empty topic that a producer fills at full "
+                         "speed while the system runs (live traffic), instead of draining the "
+                         "pre-produced backlog; timed from the producer's start")
+    ap.add_argument("--live-wait", type=float, default=5.0,
+                    help="seconds between starting the system and starting the producer with "
+                         "--live (default 5)")
     ap.add_argument("--verify", action="store_true",
                     help="after each run, read the destination once and count distinct records "
                          "by their sourcePartition/sourceOffset headers (e2e, receiver)")

@@ -144,3 +144,13 @@ def produce_main(argv) -> int:
     print(f"produced {len(records)} record(s) in {time.monotonic() - t0:.2f} s, {left} "
           "unconfirmed", file=sys.stderr, flush=True)
     return _stay(len(records) >= count and not left)
+
+
+def live_main(argv) -> int:
+    """--live's traffic: produce the records to the (new) source topic at full speed, once."""
+    from .workload import preproduce
+    bootstrap, topic, count, size, compressible = argv[0], argv[1], int(argv[2]), \
+        int(argv[3]), argv[4] == "1"
+    seconds, _ = preproduce(bootstrap, topic, count, size, compressible)
+    print(f"produced {count} record(s) in {seconds:.1f} s", flush=True)
+    return 0

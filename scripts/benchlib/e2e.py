@@ -1,7 +1,12 @@
 """--mode e2e: diode end to end (both sides, one `diode launch`) against the one-process relay,
 each writing to a fresh destination broker, timed from the start of the process until the last
-record is in the destination topic (WatermarkMeter)."""
+record is in the destination topic (WatermarkMeter).
 
+With --live, each run reads a new, empty source topic instead of the pre-produced backlog: the
+system starts, waits --live-wait seconds, and a producer process (`_live`) then writes the
+records at full speed while it runs; the clock and the CPU count from the producer's start."""
+
+import dataclasses
 import os
 import socket
 import time
@@ -16,6 +21,30 @@ from .profile import Profiler
 from .report import rate, run_result
 from .resources import Bench, bench_mode, log
 from .workload import Source, create_topic
+
+
+def live_source(b: Bench, s: Source, tag: str) -> Source:
+    """With --live, a new empty source topic for one run; else the pre-produced one."""
+    if not b.args.live:
+        return s
+    topic = f"{s.topic}-live-{tag}"
+    create_topic(s.broker.bootstrap, topic)
+    return dataclasses.replace(s, topic=topic, ends={})
+
+
+def go_live(b: Bench, s: Source, cpu, started: float) -> float:
+    """With --live: let the system start, then produce its records while it runs. Returns
+    when the clock starts (the producer's start; the launch's otherwise)."""
+    if not b.args.live:
+        return started
+    time.sleep(b.args.live_wait)
+    cpu.rebase()  # startup is not what a live run measures
+    started = time.monotonic()
+    proc = b.res.popen(bench_mode("_live", s.broker.bootstrap, s.topic, s.count, s.value_size,
+                                  int(b.args.compressible)),
+                       log_path=os.path.join(b.work, f"live-{s.topic}.log"))
+    cpu.add_apart("producer", proc.pid)
+    return started
 
 
 def run(b: Bench, s: Source) -> list:
@@ -58,6 +87,7 @@ def paced_mbps(setting: str, base: dict | None, s: Source) -> float:
 
 def diode(b: Bench, s: Source, rate_mbps: float, tag: str) -> dict:
     args, res = b.args, b.res
+    s = live_source(b, s, f"diode{tag}")
     dst = res.broker(f"dest-diode-{s.size_name}-{tag}", b.work)
     prefix = f"d{tag}_"
     dest_topic = prefix + s.topic
@@ -75,6 +105,7 @@ def diode(b: Bench, s: Source, rate_mbps: float, tag: str) -> dict:
     proc = launch.start()
     cpu = CpuWatch(proc.pid, diode_label, [s.broker, dst])
     prof = Profiler(b, name, cpu) if b.profile_dir else None
+    started = go_live(b, s, cpu, launch.started)
 
     def tick():
         if prof is not None:
@@ -85,7 +116,7 @@ def diode(b: Bench, s: Source, rate_mbps: float, tag: str) -> dict:
 
     verify = None
     try:
-        end = measure(meter, s.count, proc, cpu, launch.started, args, tick)
+        end = measure(meter, s.count, proc, cpu, started, args, tick)
         if prof is not None:
             b.profiles.append(prof.stop())
         drops1 = net.udp_rcvbuf_errors()
@@ -104,8 +135,7 @@ def diode(b: Bench, s: Source, rate_mbps: float, tag: str) -> dict:
     launch.report_failure(end["ended"])
     metrics = launch.metrics()
     system = "diode" if not rate_mbps else f"diode@{rate_mbps:g}Mb/s"
-    r = run_result(system, meter, s.count, launch.started, end, launch.code, s.value_size,
-                   verify)
+    r = run_result(system, meter, s.count, started, end, launch.code, s.value_size, verify)
     figures = link_figures(metrics)
     drops = max(socket_drops) if socket_drops else None
     r.update(figures, rate_mbps=rate_mbps, metrics=metrics, udp_socket_drops=drops,
@@ -121,6 +151,7 @@ def diode(b: Bench, s: Source, rate_mbps: float, tag: str) -> dict:
 
 def relay(b: Bench, s: Source, tag: str) -> dict:
     args, res = b.args, b.res
+    s = live_source(b, s, f"relay{tag}")
     dst = res.broker(f"dest-relay-{s.size_name}-{tag}", b.work)
     dest_topic = f"relay{tag}_" + s.topic
     create_topic(dst.bootstrap, dest_topic)
@@ -131,6 +162,7 @@ def relay(b: Bench, s: Source, tag: str) -> dict:
     proc = res.popen(bench_mode("_relay", s.broker.bootstrap, dst.bootstrap, s.topic,
                                 dest_topic, s.count), log_path=logfile)
     cpu = CpuWatch(proc.pid, lambda p: "relay", [s.broker, dst])
+    started = go_live(b, s, cpu, started)
     verify = None
     try:
         end = measure(meter, s.count, proc, cpu, started, args)

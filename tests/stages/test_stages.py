@@ -1,6 +1,7 @@
 """Stages driven step by step in this process, wired with in-memory (inproc) ZeroMQ sockets."""
 
 import socket
+import struct
 import time
 
 import pytest
@@ -251,3 +252,22 @@ def test_hostile_datagrams_never_raise_never_yield_records_and_are_all_counted(d
     after = sum(v for (name, _), v in u.metrics.counters.items() if name == "rejects")
     assert after == before + 1
     assert u.metrics.get("rejects", reason="internal_error") == 0
+
+
+def test_writer_counts_and_drops_runs_it_cannot_decode_or_does_not_own(zctx):
+    """A run comes from an authenticated sender; one that is malformed, or of a partition
+    another writer owns, is counted and dropped, never written, and the writer keeps going."""
+    t = topology(kafka_writer=2)
+    w = make_stage(zctx, t, "receiver", "kafka_writer", index=0)
+    feed = source(zctx, "receiver", "kafka_writer", 0)
+    mine = next(p for p in range(8) if runs.owner(b"t", p, 2) == 0)
+    theirs = next(p for p in range(8) if runs.owner(b"t", p, 2) == 1)
+    good = runs.from_records(records(3, partition=mine), 8)
+    broken = bytearray(good)
+    struct.pack_into("<q", broken, runs.HEADER_BYTES + 1 + 8, 0)  # offsets 0, 0, 2
+    feed.send_multipart([transport.dumps(([], [])), b"garbage", bytes(broken),
+                         runs.from_records(records(3, partition=theirs), 8), good])
+    run_until(w, lambda: w.metrics.get("rejects", reason="misrouted") == 1)
+    assert w.metrics.get("rejects", reason="decode_failed") == 2
+    assert w.produced == 0 and len(w.backlog) == 1  # the good run waits for its topic
+    w.close()

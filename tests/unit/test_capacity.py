@@ -56,3 +56,26 @@ def test_measuring_this_machine_runs_the_receivers_own_code():
     assert all(us > 0 for us in c.cost_us.values())
     assert 10 < c.records_per_datagram < 8972 / 512  # random values: no compression gain
     assert c.instances["unpacker"] == 2
+
+
+def test_diode_check_measures_the_receiver_and_warns_only_above_it(tmp_path):
+    import subprocess
+    import sys
+    from tests.conftest import write_topology
+
+    def check(rate, *extra):
+        path = write_topology(tmp_path, "127.0.0.1:1", "127.0.0.1:2",
+                              link={"rate.mbps": rate})
+        return subprocess.run([sys.executable, "-m", "diode", "check", str(path), *extra],
+                              capture_output=True, text=True)
+
+    r = check(1_000_000)  # a terabit of 1 KiB records: no 2-core receiver takes that
+    assert r.returncode == 0, r.stderr
+    assert "receiver capacity on this machine, records of 1024 bytes" in r.stdout
+    assert "warning: link.rate.mbps 1e+06 exceeds what this machine's receiver" in r.stderr
+    r = check(1, "--record-bytes", "4096")  # 1 Mbit/s: any receiver takes it
+    assert "records of 4096 bytes" in r.stdout and "warning" not in r.stderr
+    r = check(1_000_000, "--no-measure")
+    assert "receiver capacity" not in r.stdout and "warning" not in r.stderr
+    r = check(1_000_000, "--side", "sender")  # the sender's host has no receiver to measure
+    assert "receiver capacity" not in r.stdout

@@ -145,3 +145,11 @@ def test_reader_messages_become_the_same_run_as_records():
     recs[0] = recs[0]._replace(prev_offset=4)
     assert runs.from_messages("t", 2, 3, 4, [Msg(r) for r in recs]) == \
         runs.from_records(recs, partition_count=3)
+
+
+def test_a_header_name_longer_than_64_kib_crosses():
+    """Kafka bounds a header name by nothing smaller than a record: the reader must not fail
+    on one (it would stop reading its partitions)."""
+    name = "n" * 70_000
+    recs = [Record("t", 0, 0, 0, 1, None, b"v", ((name, b"x"), ("short", None)))]
+    assert runs.Run.decode(runs.from_records(recs)).records() == recs
