@@ -43,6 +43,7 @@ MAX_PARTITIONS = 10000
 MAX_BACKLOG_RECORDS = 20000  # records decoded and waiting for the producer; past it, no input
 INPUT_MESSAGES = 16          # unpacker messages taken per step
 WRITER_LINGER_MS = 50        # librdkafka's linger.ms unless receiver.kafka sets it
+EXPIRE_ANYWAY_SECONDS = 1.0
 
 
 class Stage(BaseStage):
@@ -70,6 +71,7 @@ class Stage(BaseStage):
         self.backlog = deque()            # [run, next index, columns] not yet all produced
         self.states: dict = {}            # (topic, partition) -> PartitionState
         self.next_expire = 0.0
+        self.last_expire = 0.0
         self.last_beat = None             # when the last sender heartbeat arrived (writer 0)
         self.fills: dict = {}             # (topic, partition) -> offsets filled late, this step
         self.beat_interval = 1.0
@@ -100,9 +102,13 @@ class Stage(BaseStage):
             return False
         taken = self._take_input() if got else 0
         now = time.monotonic()
-        if now >= self.next_expire and taken < INPUT_MESSAGES:  # the input was emptied
+        # Expire when the input was emptied (what a waiting run waits for is not sitting in
+        # it), or at least every EXPIRE_ANYWAY_SECONDS under a steady full input, whose
+        # oldest message is then a few steps old, far less than receiver.reorder.wait.ms.
+        if now >= self.next_expire and (taken < INPUT_MESSAGES or
+                                        now - self.last_expire >= EXPIRE_ANYWAY_SECONDS):
             self._expire(now)
-            self.next_expire = now + 0.05
+            self.next_expire, self.last_expire = now + 0.05, now
         self._report_fills()
         if self.backlog:
             self._produce_backlog()

@@ -130,6 +130,12 @@ def test_reordering_and_duplication_keep_source_order_without_duplicates(link):
         offsets = [int(headers_of(m)["sourceOffset"]) for m in got if m.partition() == p]
         assert offsets == list(range(total // 2))  # in source order
     # duplicated datagrams are stopped by the replay window, before any record is decoded
+    # (a copy of a datagram whose records are all written may be counted a moment later: the
+    # metrics files are written about once a second)
+    deadline = time.monotonic() + 5
+    while lk.receiver.metric("rejects", "unpacker", reason="replayed") < counts.duplicated \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert lk.receiver.metric("rejects", "unpacker", reason="replayed") == counts.duplicated
     assert lk.receiver.metric("missing_ranges", "kafka_writer") == 0
 
