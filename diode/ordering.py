@@ -69,8 +69,9 @@ class PartitionState:
         self.frontier = frontier
         self.anchor: int | None = None     # where the sender's chain started (heartbeats)
         self.gaps: list = []               # sorted [first, last] reported missing
-        # Offsets below where this receiver joined a running chain: not known written, not
-        # reported missing (the first records of a chain may simply arrive late).
+        # Offsets below where this receiver first heard of the partition (a running chain, or
+        # a chain start): not known written, not reported missing (the first records of a
+        # chain, or an earlier chain's last, may simply arrive late: they are written).
         self.unknown: list = []
         self.pending: dict = {}            # first offset -> run waiting for its predecessor
         self.pending_records = 0
@@ -106,7 +107,10 @@ class PartitionState:
 
     def _offer(self, run, now: float, u: Update) -> None:
         if self.frontier is None and run.prev < 0:
-            self.frontier = run.offsets[0] - 1  # a chain starts here: nothing expected before
+            # A chain starts here: nothing is expected before it. What an earlier chain sent
+            # below it and arrives late is not known written: it is written, not dropped.
+            self.frontier = run.offsets[0] - 1
+            self.unknown = [[0, self.frontier]] if self.frontier >= 0 else []
         frontier = self.frontier
         if frontier is not None and run.offsets[0] <= frontier:
             i = bisect.bisect_right(run.offsets, frontier)
@@ -125,11 +129,17 @@ class PartitionState:
             self.duplicates += i
             if i < len(run):
                 self._offer(_tail(run, i), now, u)
+            else:
+                self._release(u)  # (the frontier may have just been set: it may go now)
             return
         self.pending[first] = run
         self.pending_records += len(run)
         heapq.heappush(self._heap, first)
         self._arrivals.append((now, first))
+        if len(self._arrivals) > 2 * len(self.pending) + 64:
+            # entries of runs written since are only dropped at the head by expire(); while
+            # an old run waits there, keep the deque to about what still waits
+            self._arrivals = deque(a for a in self._arrivals if a[1] in self.pending)
         self._release(u)
 
     def heartbeat(self, chain_start: int, last_sent: int, now: float) -> None:
