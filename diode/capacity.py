@@ -22,7 +22,11 @@ import socket
 import time
 from dataclasses import dataclass
 
+from confluent_kafka import Producer
+
 from diode import codec, crypto, runs, wire
+from diode.batching import DatagramBuilder
+from diode.kafka import produce_run
 from diode.ordering import PartitionState
 from diode.records import Record
 
@@ -56,7 +60,6 @@ class ReceiverCapacity:
 def _datagrams(t, record_bytes: int, count: int) -> tuple[list, crypto.Keyring, float]:
     """`count` datagrams of records of `record_bytes` random bytes over four partitions, sealed
     as a packer of this topology seals them; and the keyring to open them."""
-    from diode.batching import DatagramBuilder
     master = os.urandom(32)
     cipher_id = crypto.CIPHER_IDS[t.security.cipher]
     sealer = wire.Sealer(crypto.SessionCipher(cipher_id, master if cipher_id else None, 1),
@@ -120,7 +123,6 @@ def _udp_reader_cost(made: list) -> float:
 
 def measure_receiver(t, record_bytes: int = 1024, datagrams: int = 400) -> ReceiverCapacity:
     """Measure the receiver stages' CPU cost per datagram on this machine (about a second)."""
-    from confluent_kafka import Producer
     made, keyring, per_datagram = _datagrams(t, record_bytes, datagrams)
     cost = {}
 
@@ -147,14 +149,9 @@ def measure_receiver(t, record_bytes: int = 1024, datagrams: int = 400) -> Recei
                     run.partition, PartitionState(1.0))
                 writes = state.offer(run, 0.0).writes
                 assert writes, "the measurement's chains are in order"
-                for w in writes:
-                    keys, values = w.key_list(), w.value_list()
-                    source = [("sourceTopic", b"capacity"),
-                              ("sourcePartition", b"%d" % w.partition)]
-                    for i, offset in enumerate(w.offsets):
-                        producer.produce("capacity", values[i], keys[i], w.partition,
-                                         timestamp=w.timestamps[i],
-                                         headers=source + [("sourceOffset", b"%d" % offset)])
+                for w in writes:  # the kafka_writer's own produce call
+                    produce_run(producer, "capacity", w.partition, w,
+                                (w.key_list(), w.value_list(), w.header_lists()))
     try:
         cost["kafka_writer"] = _cpu(write)
     finally:

@@ -37,7 +37,9 @@ def provenance_headers(record: Record) -> list:
     ]
 
 
-def partition_owner(topic: str, partition: int, owners: int) -> int:
-    """Which of `owners` workers owns a source partition. Stable across processes and runs
-    (Python's hash() is salted per process, so it cannot be used)."""
-    return (zlib.crc32(topic.encode()) + partition) % owners
+def partition_owner(topic: str | bytes, partition: int, owners: int) -> int:
+    """Which of `owners` workers owns a source partition (the topic as str, or as the UTF-8
+    bytes a run's header holds). Stable across processes and runs (Python's hash() is salted
+    per process, so it cannot be used)."""
+    return (zlib.crc32(topic if isinstance(topic, bytes) else topic.encode()) + partition) \
+        % owners

@@ -23,7 +23,6 @@ per run; per-record Avro arrays cost ~1 µs per record. fastavro keeps the heart
 
 import struct
 import sys
-import zlib
 from array import array
 from itertools import accumulate, repeat
 from operator import add, itemgetter
@@ -169,11 +168,6 @@ def split_payload(buf) -> list:
         out.append((topic, partition, count, view[pos:pos + length]))
         pos += length
     return out
-
-
-def owner(topic: bytes, partition: int, owners: int) -> int:
-    """diode.records.partition_owner for a topic as bytes (the unpacker's routing)."""
-    return (zlib.crc32(topic) + partition) % owners
 
 
 def _column(buf, pos: int, code: str, n: int) -> tuple[array, int]:

@@ -184,35 +184,14 @@ class Stage(BaseStage):
 
     def _read(self):
         msgs = self.consumer.consume(BATCH_RECORDS, timeout=0.05)
-        groups: dict = {}  # (topic, partition) -> its messages, in offset order
         resend = self.resend is not None
-        if msgs and not resend and not any(map(Message.error, msgs)):
-            # the common case, grouped without a Python frame per message
-            where = zip(map(Message.topic, msgs), map(Message.partition, msgs))
-            for tp, same in groupby(zip(where, msgs), itemgetter(0)):
-                groups.setdefault(tp, []).extend(map(itemgetter(1), same))
-            msgs = ()
-        for m in msgs:
-            err = m.error()
-            if err is None:
-                if resend and not self._resend_filter(m):
-                    continue
-                tp = (m.topic(), m.partition())
-                group = groups.get(tp)
-                if group is None:
-                    groups[tp] = [m]
-                else:
-                    group.append(m)
-            elif err.code() == KafkaError._PARTITION_EOF:
-                tp = (m.topic(), m.partition())
-                ranges = (self.resend or {}).get(tp)
-                # The log ends before the range we wait for: nothing more will come. (An end
-                # of partition seen by a fetch from before a seek is no reason to stop.)
-                if ranges and m.offset() <= ranges[0][0]:
-                    self._resend_done(tp)
-            else:
-                self.log.warning("source cluster: %s", err)
-                self.metrics.inc("errors", reason="consume")
+        if resend or any(map(Message.error, msgs)):  # (the common case skips this pass)
+            msgs = [m for m in msgs if self._to_send(m)]
+        # grouped by partition without a Python frame per message
+        groups: dict = {}  # (topic, partition) -> its messages, in offset order
+        where = zip(map(Message.topic, msgs), map(Message.partition, msgs))
+        for tp, same in groupby(zip(where, msgs), itemgetter(0)):
+            groups.setdefault(tp, []).extend(map(itemgetter(1), same))
         if not groups:
             return
         frames, parts, counts = [], [], []
@@ -234,6 +213,24 @@ class Stage(BaseStage):
         self.metrics.inc("records", sum(counts))
         if self.waiting_since is None:
             self.waiting_since = time.monotonic()
+
+    def _to_send(self, m) -> bool:
+        """Whether a consumed message is a record to send: errors and ends of partitions are
+        dealt with here, and a resend keeps only its ranges."""
+        err = m.error()
+        if err is None:
+            return self.resend is None or self._resend_filter(m)
+        if err.code() == KafkaError._PARTITION_EOF:
+            tp = (m.topic(), m.partition())
+            ranges = (self.resend or {}).get(tp)
+            # The log ends before the range we wait for: nothing more will come. (An end of
+            # partition seen by a fetch from before a seek is no reason to stop.)
+            if ranges and m.offset() <= ranges[0][0]:
+                self._resend_done(tp)
+        else:
+            self.log.warning("source cluster: %s", err)
+            self.metrics.inc("errors", reason="consume")
+        return False
 
     def _heartbeat(self):
         """Per partition of the current chains: where the chain started and the last offset

@@ -32,7 +32,7 @@ from confluent_kafka.admin import AdminClient
 from diode import transport
 from diode.errors import RejectedDatagram
 from diode.kafka import (admin_config, client_settings, create_topic, partition_counts,
-                         producer_config)
+                         produce_run, producer_config)
 from diode.ordering import PartitionState
 from diode.ranges import merge
 from diode.records import partition_owner
@@ -69,6 +69,7 @@ class Stage(BaseStage):
         self.source_partitions: dict = {}  # source topic -> partition count (from the sender)
         self.next_metadata: dict = {}     # topic -> when its metadata may be asked again
         self.backlog = deque()            # [run, next index, columns] not yet all produced
+        self.backlog_records = 0          # records in the backlog
         self.states: dict = {}            # (topic, partition) -> PartitionState
         self.next_expire = 0.0
         self.last_expire = 0.0
@@ -86,7 +87,7 @@ class Stage(BaseStage):
         if self.events is not None:
             self.events.poll(0)
         self.metrics.set("records", self.produced - self.failed - len(self.producer))
-        if self._backlog_records() >= MAX_BACKLOG_RECORDS:
+        if self.backlog_records >= MAX_BACKLOG_RECORDS:
             # The destination is behind: take no input, and expire nothing either, since what
             # a waiting run waits for may be in the input not taken (time stands still for it).
             self._produce_backlog()
@@ -119,7 +120,7 @@ class Stage(BaseStage):
         (INPUT_MESSAGES at most)."""
         now = time.monotonic()
         messages = transport.drain(self.input, INPUT_MESSAGES)
-        states, backlog = self.states, self.backlog
+        states = self.states
         for frames in messages:
             claims, beats = transport.loads(frames[0])
             for t, p, chain_start, last_sent in claims:
@@ -135,13 +136,16 @@ class Stage(BaseStage):
                 if u.missing or u.filled:  # (the wait only lengthens on a fill)
                     self._apply(run.topic, run.partition, u, wait)
                 else:  # the common case: runs to write, nothing to report
-                    backlog.extend([w, 0, None] for w in u.writes)
+                    self._queue(u.writes)
             for beat in beats:
                 self._beat(beat)
         return len(messages)
 
-    def _backlog_records(self) -> int:
-        return sum(len(e[0]) - e[1] for e in self.backlog)
+    def _queue(self, writes: list) -> None:
+        """Runs to write, after those already waiting."""
+        for run in writes:
+            self.backlog.append([run, 0, None])
+            self.backlog_records += len(run)
 
     def _decode(self, frame) -> Run | None:
         """A run from an unpacker; one that does not decode, or belongs to another writer, is
@@ -178,7 +182,7 @@ class Stage(BaseStage):
         return state
 
     def _apply(self, topic: str, partition: int, u, wait: float | None = None) -> None:
-        self.backlog.extend([w, 0, None] for w in u.writes)
+        self._queue(u.writes)
         for m in u.missing:
             self._event("missing", topic, partition, m.first, m.last, m.reason)
         if u.filled:  # reported per run of offsets, once per step (_report_fills)
@@ -274,48 +278,17 @@ class Stage(BaseStage):
                 break
             if entry[2] is None:
                 entry[2] = (run.key_list(), run.value_list(), run.header_lists())
-            done = self._produce_run(run, entry[1], entry[2], topic, written_at)
+            partition = run.partition if run.partition < self.dest_partitions[topic] else -1
+            done = produce_run(self.producer, topic, partition, run, entry[2], entry[1],
+                               written_at)
             self.produced += done - entry[1]
+            self.backlog_records -= done - entry[1]
             if done < len(run):
                 entry[1] = done
                 self.producer.poll(0.05)  # the destination is slow or down: wait, keep order
                 break
             backlog.popleft()
-        self.metrics.set("backlog_records", self._backlog_records())
-
-    def _produce_run(self, run, start: int, columns, topic: str, written_at: list) -> int:
-        """Produce the run's records from index `start`; returns the index reached (short of
-        the end when the producer's queue is full). The per-record work is the produce call
-        and its header list, both built in comprehensions rather than a loop body."""
-        keys, values, own = columns
-        st, sp = ("sourceTopic", run.topic.encode()), ("sourcePartition", b"%d" % run.partition)
-        offsets = run.offsets[start:]
-        # one list per record, built in one display (no concatenations)
-        if own is None:
-            headers = [[st, sp, ("sourceOffset", b"%d" % o), *written_at] for o in offsets]
-        else:
-            headers = [[*mine, st, sp, ("sourceOffset", b"%d" % o), *written_at]
-                       for mine, o in zip(own[start:], offsets)]
-        partition = run.partition if run.partition < self.dest_partitions[topic] else -1
-        produce = self.producer.produce
-        done = start
-        try:
-            if run.types.count(0) == 0:  # every record has its timestamp: the common case
-                for v, k, h, ts in zip(values[start:], keys[start:], headers,
-                                       run.timestamps[start:]):
-                    produce(topic, v, k, partition, timestamp=ts, headers=h)
-                    done += 1
-            else:
-                for v, k, h, ts, ty in zip(values[start:], keys[start:], headers,
-                                           run.timestamps[start:], run.types[start:]):
-                    if ty:
-                        produce(topic, v, k, partition, timestamp=ts, headers=h)
-                    else:
-                        produce(topic, v, k, partition, headers=h)
-                    done += 1
-        except BufferError:
-            pass
-        return done
+        self.metrics.set("backlog_records", self.backlog_records)
 
     def _delivered(self, err, msg):
         """Called for records the destination refused (delivery.report.only.error)."""

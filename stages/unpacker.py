@@ -90,7 +90,7 @@ class Stage(BaseStage):
         self.metrics.inc("datagrams")
         owners = len(msgs)
         for topic, partition, count, run in found:
-            msgs[runs.owner(topic, partition, owners)][0].append(run)
+            msgs[partition_owner(topic, partition, owners)][0].append(run)
             self.metrics.inc("records", count)
 
     def _parity(self, h, payload, msgs) -> None:

@@ -33,6 +33,20 @@ def _consumer(bootstrap: str, topic: str, group: str = "bench-baseline") -> Cons
     return c
 
 
+def _batches(c: Consumer, count: int, timeout: float = 0.1, idle: float = 30.0):
+    """`c`'s records in consume batches of up to 1000 (errors left out), until `count` were
+    given or nothing came for `idle` seconds."""
+    given = 0
+    idle_since = time.monotonic()
+    while given < count and time.monotonic() - idle_since < idle:
+        msgs = c.consume(1000, timeout)
+        if msgs:
+            idle_since = time.monotonic()
+            msgs = [m for m in msgs if m.error() is None]
+            given += len(msgs)
+            yield msgs
+
+
 def _produce(p: Producer, topic: str, m_or_record, headers) -> None:
     value, key, partition, ts = m_or_record
     kw = {"timestamp": ts} if ts else {}
@@ -64,19 +78,13 @@ def relay_main(argv) -> int:
     c = _consumer(src, topic, "bench-relay")
     p = Producer(producer_config({"bootstrap.servers": dst}))  # the kafka_writer's settings
     done = 0
-    idle_since = time.monotonic()
-    while done < count and time.monotonic() - idle_since < 30:
-        msgs = c.consume(1000, 0.1)
+    for msgs in _batches(c, count):
         for m in msgs:
-            if m.error():
-                continue
             headers = list(m.headers() or ()) + _provenance(m.topic(), m.partition(), m.offset())
             ts_type, ts = m.timestamp()
             _produce(p, dest_topic, (m.value(), m.key(), m.partition(), ts if ts_type else 0),
                      headers)
-            done += 1
-        if msgs:
-            idle_since = time.monotonic()
+        done += len(msgs)
         p.poll(0)
     left = p.flush(60)
     c.close()
@@ -90,17 +98,11 @@ def consume_main(argv) -> int:
     c = _consumer(src, topic, group)
     done = touched = 0
     next_commit = time.monotonic() + commit_ms / 1000
-    idle_since = time.monotonic()
-    while done < count and time.monotonic() - idle_since < 30:
-        msgs = c.consume(1000, 0.1)
+    for msgs in _batches(c, count):
         for m in msgs:
-            if m.error():
-                continue
             touched += len(m.key() or b"") + len(m.value() or b"") + len(m.headers() or ())
             m.timestamp()
-            done += 1
-        if msgs:
-            idle_since = time.monotonic()
+        done += len(msgs)
         if time.monotonic() >= next_commit:
             c.commit(asynchronous=True)  # the positions of everything consumed
             next_commit = time.monotonic() + commit_ms / 1000
@@ -116,16 +118,11 @@ def produce_main(argv) -> int:
     src, dst, topic, dest_topic, count = argv[0], argv[1], argv[2], argv[3], int(argv[4])
     c = _consumer(src, topic)
     records = []  # (value, key, partition, timestamp, headers, offset)
-    idle_since = time.monotonic()
-    while len(records) < count and time.monotonic() - idle_since < 30:
-        msgs = c.consume(1000, 0.5)
+    for msgs in _batches(c, count, timeout=0.5):
         for m in msgs:
-            if m.error() is None:
-                ts_type, ts = m.timestamp()
-                records.append((m.value(), m.key(), m.partition(), ts if ts_type else 0,
-                                m.headers() or [], m.offset()))
-        if msgs:
-            idle_since = time.monotonic()
+            ts_type, ts = m.timestamp()
+            records.append((m.value(), m.key(), m.partition(), ts if ts_type else 0,
+                            m.headers() or [], m.offset()))
     c.close()
     p = Producer(producer_config({"bootstrap.servers": dst}))  # the kafka_writer's settings
     p.list_topics(dest_topic, timeout=10)  # metadata before the clock starts, as diode's writer

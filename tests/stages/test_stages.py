@@ -10,7 +10,7 @@ import zmq
 
 from diode import crypto, runs, transport, wire
 from diode.metrics import Metrics
-from diode.records import Record
+from diode.records import Record, partition_owner
 from diode.topology import WorkerSpec, endpoint, from_dict
 from diode.worker import Secrets, StageContext, stage_class
 from tests.conftest import free_port
@@ -260,8 +260,8 @@ def test_writer_counts_and_drops_runs_it_cannot_decode_or_does_not_own(zctx):
     t = topology(kafka_writer=2)
     w = make_stage(zctx, t, "receiver", "kafka_writer", index=0)
     feed = source(zctx, "receiver", "kafka_writer", 0)
-    mine = next(p for p in range(8) if runs.owner(b"t", p, 2) == 0)
-    theirs = next(p for p in range(8) if runs.owner(b"t", p, 2) == 1)
+    mine = next(p for p in range(8) if partition_owner(b"t", p, 2) == 0)
+    theirs = next(p for p in range(8) if partition_owner(b"t", p, 2) == 1)
     good = runs.from_records(records(3, partition=mine), 8)
     broken = bytearray(good)
     struct.pack_into("<q", broken, runs.HEADER_BYTES + 1 + 8, 0)  # offsets 0, 0, 2
