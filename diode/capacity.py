@@ -19,6 +19,7 @@ figure is an upper bound where the destination broker shares this machine.
 
 import os
 import socket
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from confluent_kafka import Producer
 
 from diode import codec, crypto, runs, wire
 from diode.batching import DatagramBuilder
+from diode.journal import Journal
 from diode.kafka import produce_run
 from diode.ordering import PartitionState
 from diode.records import Record
@@ -93,14 +95,19 @@ def _cpu(fn) -> float:
     return time.process_time() - start
 
 
-def _udp_reader_cost(made: list) -> float:
-    """CPU seconds the udp_reader spends on `made`: recv_into, the copy it forwards and the
-    header it routes on. Sent in bursts the socket buffer holds, then read."""
+def _udp_reader_cost(made: list, journaled: bool = True) -> float:
+    """CPU seconds the udp_reader spends on `made`: recv_into, the copy it forwards, the
+    header it routes on, and the journal append (to a scratch journal, without fsync). Sent in
+    bursts the socket buffer holds, then read."""
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     buf = bytearray(65536)
     spent = 0.0
+    scratch = tempfile.TemporaryDirectory(prefix="diode-check-")
+    journal = Journal(scratch.name) if journaled else None
     try:
+        if journal is not None:
+            journal.open()
         rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
         rx.bind(("127.0.0.1", 0))
         rx.settimeout(1.0)
@@ -110,14 +117,22 @@ def _udp_reader_cost(made: list) -> float:
                 tx.sendto(d, rx.getsockname())
 
             def read(n=len(burst)):
+                batch = []
                 for _ in range(n):
-                    wire.routing_key(bytes(buf[:rx.recv_into(buf)]))
+                    datagram = bytes(buf[:rx.recv_into(buf)])
+                    wire.routing_key(datagram)
+                    batch.append(datagram)
+                if journal is not None:
+                    journal.append(batch)
             spent += _cpu(read)
     except OSError:  # no loopback here: leave it out rather than guess
         return 0.0
     finally:
         rx.close()
         tx.close()
+        if journal is not None:
+            journal.close()
+        scratch.cleanup()
     return spent
 
 
@@ -126,7 +141,7 @@ def measure_receiver(t, record_bytes: int = 1024, datagrams: int = 400) -> Recei
     made, keyring, per_datagram = _datagrams(t, record_bytes, datagrams)
     cost = {}
 
-    cost["udp_reader"] = _udp_reader_cost(made)
+    cost["udp_reader"] = _udp_reader_cost(made, t.receiver.journal_enabled)
     payloads = []
 
     def unpack():

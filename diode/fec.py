@@ -301,6 +301,10 @@ class BlockDecoder:
         """Data and parity bytes held (per-block bookkeeping is bounded by max_blocks)."""
         return self._bytes
 
+    def holds(self, session_id: int, block_id: int) -> bool:
+        """Whether datagrams of this block are buffered for a recovery still possible."""
+        return (session_id, block_id) in self._blocks
+
     def data(self, session_id: int, block_id: int, seq: int, datagram: bytes,
              now: float) -> list[bytes]:
         """An authenticated data datagram arrived. Usually returns []. If this datagram makes

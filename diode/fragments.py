@@ -190,6 +190,10 @@ class Reassembler:
         """Incomplete groups buffered."""
         return len(self._groups)
 
+    def holds(self, session_id: int, group_id: int) -> bool:
+        """Whether fragments of this group are buffered (the group is not complete yet)."""
+        return (session_id, group_id) in self._groups
+
     def add(self, session_id: int, fragment: Fragment, now: float) -> bytes | None:
         """Store a fragment of `session_id`'s group. Returns the whole payload when this
         fragment completes its group (once), otherwise None.

@@ -22,6 +22,11 @@ busy machine: two packers' datagrams cross different unpackers and queues): the 
 twice what that record needed, up to `max_wait`, so a loaded receiver stops raising false
 alarms after the first.
 
+After a restart the state comes back from the writer's checkpoint (or from the destination's
+provenance headers) with `resumed` set: the first gap that live traffic (not the journal's replay
+of what arrived before) then shows is what the sender sent while no receiver was reading, and is
+reported with the reason "receiver-down".
+
 Memory is bounded: records waiting for a predecessor (`max_pending`, counted in records; beyond
 it the oldest gap is resolved at once), reported gaps remembered for late fills (`max_gaps`),
 heartbeat claims.
@@ -37,7 +42,11 @@ from typing import NamedTuple
 class Missing(NamedTuple):
     first: int
     last: int
-    reason: str  # "gap": a later record arrived; "tail": a heartbeat said they were sent
+    reason: str  # "gap": a later record arrived; "tail": a heartbeat said they were sent;
+    #              "receiver-down": sent while no receiver was reading (after a restart)
+
+
+CHECKPOINT_GAPS = 1000  # reported gaps a checkpoint keeps for late fills
 
 
 class Update(NamedTuple):
@@ -77,8 +86,45 @@ class PartitionState:
         self.pending_records = 0
         self._heap: list = []              # first offsets in pending
         self._arrivals: deque = deque()    # (time, first offset) in arrival order
-        self._claims: deque = deque()      # (time, last sent offset), increasing
+        self._claims: deque = deque()      # (time, last sent offset, live), increasing
         self.duplicates = 0
+        self.resumed = False               # restored after a restart, no live record seen yet
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def checkpoint(self) -> dict:
+        """What a restart needs: the frontier and the ranges late records may still fill."""
+        return {"frontier": self.frontier, "gaps": self.gaps[-CHECKPOINT_GAPS:],
+                "unknown": self.unknown[-CHECKPOINT_GAPS:], "wait": self.wait}
+
+    @classmethod
+    def restore(cls, saved: dict, wait: float, max_wait: float | None = None,
+                **limits) -> "PartitionState":
+        state = cls(max(wait, saved.get("wait", wait)), frontier=saved["frontier"],
+                    max_wait=max_wait, **limits)
+        state.gaps = [list(g) for g in saved.get("gaps", [])]
+        state.unknown = [list(g) for g in saved.get("unknown", [])]
+        state.resumed = saved["frontier"] is not None
+        return state
+
+    def written_up_to(self, offset: int) -> None:
+        """The destination already holds this partition's records up to `offset` (recovered
+        from provenance headers): they are resolved, and none of them is reported missing."""
+        if self.frontier is None or offset > self.frontier:
+            self.frontier = offset
+            self.resumed = True
+
+    def reported(self, ranges: list) -> None:
+        """Missing ranges already reported before a restart: not reported again, and late
+        records may fill them."""
+        for first, last in ranges:
+            if not self._overlaps(self.gaps, first, last):
+                bisect.insort(self.gaps, [first, last])
+            self.written_up_to(last)
+
+    def oldest_position(self):
+        """The lowest journal position of a run still waiting here (None: none waits)."""
+        return min((run.origin[0] for run in self.pending.values()), default=None)
 
     # -- input -------------------------------------------------------------------------------
 
@@ -121,6 +167,8 @@ class PartitionState:
         if not self.pending and frontier is not None and _key(run) <= frontier:
             u.writes.append(run)  # the common case: the chain's next records, in order
             self.frontier = run.offsets[-1]
+            if self.resumed and not run.origin[2]:
+                self.resumed = False  # live records continue the chain: nothing was missed
             return
         first = run.offsets[0]
         held = self.pending.get(first)
@@ -142,14 +190,15 @@ class PartitionState:
             self._arrivals = deque(a for a in self._arrivals if a[1] in self.pending)
         self._release(u)
 
-    def heartbeat(self, chain_start: int, last_sent: int, now: float) -> None:
+    def heartbeat(self, chain_start: int, last_sent: int, now: float,
+                  live: bool = True) -> None:
         """The sender's chain for this partition started at `chain_start` and has sent every
-        record up to `last_sent`."""
+        record up to `last_sent` (`live`: not a heartbeat the journal replays)."""
         if self.frontier is None:
             self.anchor = chain_start
         if (self.frontier is None or last_sent > self.frontier) and \
                 (not self._claims or last_sent > self._claims[-1][1]):
-            self._claims.append((now, last_sent))
+            self._claims.append((now, last_sent, live))
 
     def expire(self, now: float) -> Update:
         """Resolve what has waited `wait` seconds: gaps before waiting runs, claimed tails."""
@@ -162,12 +211,12 @@ class PartitionState:
                 break
             self._force(u)
         while self._claims and now - self._claims[0][0] >= self.wait:
-            _, last = self._claims.popleft()
+            _, last, live = self._claims.popleft()
             while self._heap and self._heap[0] <= last:
                 self._force(u)
             self._anchor()
             if self.frontier is not None and last > self.frontier:
-                self._report(Missing(self.frontier + 1, last, "tail"), u)
+                self._report(Missing(self.frontier + 1, last, self._reason("tail", live)), u)
                 self.frontier = last
                 self._release(u)
         if u.filled:
@@ -202,12 +251,15 @@ class PartitionState:
                 self._pop()
                 u.writes.append(run)
                 self.frontier = run.offsets[-1]
+                if not run.origin[2]:
+                    self.resumed = False
             else:
                 break
 
     def _force(self, u: Update) -> None:
         """The lowest waiting run waited long enough: report the gap before it, write it."""
-        need = _key(self.pending[self._heap[0]])
+        run = self.pending[self._heap[0]]
+        need = _key(run)
         if self.frontier is None:
             self._anchor()
         if self.frontier is None:
@@ -216,9 +268,17 @@ class PartitionState:
             self.frontier = need
             self.unknown = [[0, need]] if need >= 0 else []
         elif need > self.frontier:
-            self._report(Missing(self.frontier + 1, need, "gap"), u)
+            self._report(Missing(self.frontier + 1, need,
+                                 self._reason("gap", not run.origin[2])), u)
             self.frontier = need
         self._release(u)
+
+    def _reason(self, reason: str, live: bool) -> str:
+        """The first gap live traffic shows after a restart: sent while no receiver read."""
+        if self.resumed and live:
+            self.resumed = False
+            return "receiver-down"
+        return reason
 
     def _widen(self, now: float, filled: list) -> None:
         """Gaps reported too early were filled by the chain: wait longer (see the module)."""

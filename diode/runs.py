@@ -179,12 +179,15 @@ def _column(buf, pos: int, code: str, n: int) -> tuple[array, int]:
     return a, end
 
 
+NO_ORIGIN = (0, 0.0, False)
+
+
 class Run:
     """A decoded run: columns as arrays, the byte blocks as slices of the received buffer."""
 
     __slots__ = ("topic", "partition", "partition_count", "prev", "offsets", "timestamps",
                  "types", "key_lens", "value_lens", "keys", "values", "headers", "_key_pos",
-                 "_value_pos", "_header_pos", "_own")
+                 "_value_pos", "_header_pos", "_own", "origin")
 
     def __init__(self, topic, partition, partition_count, prev, offsets, timestamps, types,
                  key_lens, value_lens, keys, values, headers=None):
@@ -201,6 +204,9 @@ class Run:
         self.values = values
         self.headers = headers  # (counts, name lengths, value lengths, names, values) or None
         self._key_pos = self._value_pos = self._header_pos = self._own = None
+        # Where the receiver got it (set by the kafka_writer): (journal position, reader clock
+        # when it was read, whether it came again from the journal); parts of it keep it.
+        self.origin = NO_ORIGIN
 
     @classmethod
     def decode(cls, buf, max_records: int = 1 << 20, trusted: bool = False) -> "Run":
@@ -299,9 +305,11 @@ class Run:
         i0 = indices[0]
         prev = self.prev if i0 == 0 or self.resend else self.offsets[i0 - 1]
         if indices[-1] - i0 + 1 == len(indices):
-            return self._slice(i0, indices[-1] + 1, prev)
+            part = self._slice(i0, indices[-1] + 1, prev)
+            part.origin = self.origin
+            return part
         keys, values, own = self.key_list(), self.value_list(), self.header_lists()
-        return Run(self.topic, self.partition, self.partition_count, prev,
+        part = Run(self.topic, self.partition, self.partition_count, prev,
                    array("q", [self.offsets[i] for i in indices]),
                    array("q", [self.timestamps[i] for i in indices]),
                    bytes(self.types[i] for i in indices),
@@ -310,6 +318,8 @@ class Run:
                    b"".join(keys[i] or b"" for i in indices),
                    b"".join(values[i] or b"" for i in indices),
                    header_columns([own[i] for i in indices]) if own is not None else None)
+        part.origin = self.origin
+        return part
 
     def _slice(self, a: int, b: int, prev: int) -> "Run":
         if self._key_pos is None:

@@ -105,6 +105,7 @@ class Supervisor:
         self.heartbeats = worker.Heartbeats(len(specs))
         self.brokers = [self._broker(b) for b in topology.brokers if b.side in self.sides]
         self.secrets: worker.Secrets | None = None
+        self.inherited: dict = {}  # stage type -> what its prepare() made (outlives workers)
         self._signals: deque = deque()
 
     def _broker(self, b) -> embedded.EmbeddedBroker:
@@ -134,6 +135,8 @@ class Supervisor:
             for side in self.sides:  # a Kafka secret that cannot be read: say so now, once
                 client_settings(self.t, side)
             embedded.start_all(self.brokers)
+            for stage in dict.fromkeys(w.spec.stage for w in self.workers):
+                self.inherited[stage] = worker.stage_class(stage).prepare(self.t, log)
             for w in self.workers:
                 self._spawn(w)
             log.info("%s running: %d processes, run dir %s", "+".join(self.sides),
@@ -141,6 +144,9 @@ class Supervisor:
             code = self._watch()
         finally:
             self._drain()
+            for resources in self.inherited.values():
+                for resource in resources.values():
+                    resource.close()
             for b in reversed(self.brokers):
                 b.stop()
             if self._own_run_dir:
@@ -182,7 +188,7 @@ class Supervisor:
         pid = os.fork()
         if pid == 0:
             worker.run(w.spec, self.t, self.run_dir, self.secrets, self.heartbeats, w.slot,
-                       parent)  # never returns
+                       parent, self.inherited)  # never returns
         w.pid = pid
         w.to(State.RUNNING, f"pid {pid}")
 

@@ -255,6 +255,35 @@ class ReceiverSettings:
         "wrote it (milliseconds since the epoch, a UTF-8 string); with the record's source "
         "timestamp it gives the end-to-end latency that diode verify reports. Empty: no "
         "header.")
+    journal_enabled: bool = setting(
+        True, "Journal every accepted datagram (still encrypted) on local disk before it is "
+        "forwarded, so that no restart (of a worker or the whole side) and no destination "
+        "outage loses a record or reports one falsely. Off: what is in flight at a restart is "
+        "lost and reported missing.")
+    journal_dir: str = setting(
+        "diode-journal", "Directory of the receive journal and the writers' checkpoints "
+        "(relative to the topology file). It must survive restarts: not a tmpfs.")
+    journal_max_bytes: int = setting(
+        1073741824, "Most disk the journal may hold. It holds what the destination has not "
+        "acknowledged yet: at the bound (a long destination outage) the reader stops reading "
+        "and the kernel drops datagrams, which are reported missing.", positive)
+    journal_segment_bytes: int = setting(
+        67108864, "Size of one journal segment file; whole segments are deleted once "
+        "everything in them is written.", between(65536, 1 << 40))
+    journal_fsync: str = setting(
+        "interval", "none: the journal survives a process crash (kill -9), not a power loss. "
+        "interval: also a power loss, but for the last journal.fsync.interval.ms of datagrams "
+        "(reported missing).", one_of("none", "interval"))
+    journal_fsync_interval_ms: float = setting(1000.0, "How often journal.fsync: interval "
+                                               "syncs the journal to disk.", positive)
+    checkpoint_interval_ms: float = setting(
+        1000.0, "How often each writer records, in journal.dir, what the destination has "
+        "acknowledged; a restart replays the journal from there.", positive)
+    dead_letter_topic: str = setting(
+        "diode-dead-letter", "Destination topic for records the destination refuses for good "
+        "(too large, not authorized, a topic that cannot be created): the record, with headers "
+        "naming its source coordinates and the error. Empty: such records are reported in "
+        "missing.records.topic with the reason \"refused\" instead.")
     stages: dict = setting({}, "Processes per stage type: udp_reader (exactly 1), unpacker, "
                            "kafka_writer. Each maps to instances and cpus.",
                            example={"unpacker": {"instances": 2}})

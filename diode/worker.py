@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 import setproctitle
@@ -66,6 +66,7 @@ class StageContext:
     secrets: Secrets
     zmq: zmq.Context
     metrics: Metrics
+    inherited: dict = field(default_factory=dict)  # what the stage's `prepare` made in the supervisor (a socket)
 
     @property
     def hwm(self) -> int:
@@ -86,7 +87,10 @@ class Stage:
     - `step()` does one bounded piece of work (it never blocks for more than ~100 ms) and
       returns False once the stage has finished draining after `stop()`;
     - `stop()` only asks; `rewind()` is called when a worker downstream died (SIGUSR1);
-    - `close()` releases what `open()` made.
+    - `close()` releases what `open()` made;
+    - `prepare(topology, log)`, a classmethod, runs in the supervisor before any fork and
+      returns what must outlive a worker of the stage (the receiver's UDP socket): it reaches
+      every incarnation as `ctx.inherited`.
     """
 
     # Stages stop in data-flow order, so once a stopping stage's input has been quiet this
@@ -100,6 +104,10 @@ class Stage:
         self.log = logging.getLogger(f"diode.{ctx.spec.name}")
         self.stopping = False
         self._quiet_since = None
+
+    @classmethod
+    def prepare(cls, topology, log) -> dict:
+        return {}
 
     def open(self) -> None:
         pass
@@ -156,11 +164,19 @@ def _die_with_parent() -> None:
 
 
 def run(spec: WorkerSpec, topology: Topology, run_dir: str, secrets: Secrets,
-        heartbeats: Heartbeats, slot: int, parent_pid: int) -> None:
-    """Child process entry point. Never returns."""
+        heartbeats: Heartbeats, slot: int, parent_pid: int, inherited: dict) -> None:
+    """Child process entry point. Never returns. `inherited`: per stage type, what its
+    `prepare` made; this worker keeps its own stage's and closes the rest."""
     code = 1
     try:
-        code = _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid)
+        mine = {}
+        for stage, resources in inherited.items():
+            for name, resource in resources.items():
+                if stage == spec.stage:
+                    mine[name] = resource
+                else:
+                    resource.close()
+        code = _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, mine)
     except DiodeError as exc:  # a condition we explain, not a bug: no traceback
         logging.getLogger(f"diode.{spec.name}").error("%s", exc)
     except BaseException:
@@ -170,7 +186,7 @@ def run(spec: WorkerSpec, topology: Topology, run_dir: str, secrets: Secrets,
         os._exit(code)
 
 
-def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid) -> int:
+def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherited) -> int:
     flags = {"stop": False, "rewind": False}
 
     def on_stop(signum, frame):
@@ -195,7 +211,8 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid) -> int:
     metrics = Metrics({"side": spec.side, "stage": spec.stage, "index": spec.index},
                       f"{run_dir}/metrics/{spec.side}-{spec.stage}-{spec.index}.prom")
     ctx = zmq.Context()
-    stage = stage_class(spec.stage)(StageContext(topology, spec, run_dir, secrets, ctx, metrics))
+    stage = stage_class(spec.stage)(StageContext(topology, spec, run_dir, secrets, ctx, metrics,
+                                                 inherited))
     proc = psutil.Process()
     try:
         stage.open()  # on failure the process exits: what it opened goes with it

@@ -10,7 +10,11 @@ broker for every measurement. --mode picks what is measured (docs/performance.md
   consumer; timed until the consumer group's committed offsets reach the end of the topic;
 - receiver: one sender run's datagrams captured to a file, then replayed at
   `diode launch --side receiver`, against a plain producer writing the same records;
-- all: the three, one after the other, per record size.
+- all: the three, one after the other, per record size;
+- memory: `--side receiver` and `--side sender` with `diode link-sim` between them reordering
+  --reorder of the datagrams, --records records of --record-bytes: every diode process's RSS
+  once a second until the last record arrived, and whether it stayed flat after warm-up
+  (scripts/benchlib/memory.py).
 
 Progress is read from offsets, never by consuming the records (scripts/benchlib/meter.py):
 destination watermarks, or committed offsets. --verify adds one exact count of distinct
@@ -33,7 +37,7 @@ import sys
 import tempfile
 import time
 
-from benchlib import baselines, e2e, net, receiver, report, sender, udp
+from benchlib import baselines, e2e, memory, net, receiver, report, sender, udp
 from benchlib.profile import py_spy
 from benchlib.resources import INTERRUPTED, Bench, Resources, check_interrupted, log
 from benchlib.workload import SIZES, Source, create_topic, preproduce, warm_up_offsets
@@ -48,15 +52,23 @@ SUBPROCESS_MODES = {"_relay": baselines.relay_main, "_consume": baselines.consum
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--mode", default="e2e", choices=(*MODES, "all"),
+    ap.add_argument("--mode", default="e2e", choices=(*MODES, "all", "memory"),
                     help="what to measure (default e2e): diode end to end against a relay, "
                          "the sender alone against a plain consumer, the receiver alone "
-                         "against a plain producer, or all three")
+                         "against a plain producer, or all three; or memory: every diode "
+                         "process's RSS over one stream through a reordering link-sim")
     ap.add_argument("--records-small", type=int, default=200000,
                     help="records of 100-byte values (default 200000)")
     ap.add_argument("--records-large", type=int, default=20000,
                     help="records of 10 KiB values (default 20000)")
     ap.add_argument("--sizes", default="small,large", help="which sizes to run: small,large")
+    ap.add_argument("--records", type=int, default=1000000,
+                    help="memory mode: records streamed (default 1000000)")
+    ap.add_argument("--record-bytes", type=int, default=100,
+                    help="memory mode: value bytes per record (default 100)")
+    ap.add_argument("--reorder", type=float, default=0.02,
+                    help="memory mode: share of datagrams link-sim holds back 5 ms, so that "
+                         "later ones overtake them (default 0.02); it loses none")
     ap.add_argument("--broker", default="kafka", choices=KINDS,
                     help="embedded broker kind for both clusters (default kafka: Apache Kafka)")
     ap.add_argument("--compression", default="none", choices=("none", "gzip", "zstd", "lz4"))
@@ -164,6 +176,8 @@ def main(argv) -> int:
     signal.signal(signal.SIGINT, on_signal)
     modes = list(MODES) if args.mode == "all" else [args.mode]
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    if args.mode == "memory":  # one stream of --records, not the sizes
+        sizes = []
     workers = {"kafka_reader": args.readers, "packer": args.packers, "udp_sender": 1,
                "udp_reader": 1, "unpacker": args.unpackers, "kafka_writer": args.writers}
     results = {
@@ -175,7 +189,7 @@ def main(argv) -> int:
                      "receive_buffer_bytes": args.receive_buffer, "workers": workers,
                      "verify": args.verify, "meter_interval_seconds": args.meter_interval},
         "value_bytes": {s: SIZES[s] for s in sizes},
-        "modes": {mode: {"sizes": {}} for mode in modes},
+        "modes": {mode: {"sizes": {}} for mode in modes if mode in MODES},
     }
     log(f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {args.broker} brokers, "
         f"modes {', '.join(modes)}, work dir {b.work}")
@@ -183,7 +197,10 @@ def main(argv) -> int:
         + f"; aes-256-gcm, compression {args.compression}, datagrams {args.datagram_bytes} B, "
           f"receive buffer {args.receive_buffer} B")
     try:
-        measure_all(b, modes, sizes, results)
+        if args.mode == "memory":
+            results["modes"]["memory"] = memory.run(b)
+        else:
+            measure_all(b, modes, sizes, results)
     except KeyboardInterrupt:
         log("interrupted: cleaning up")
         return 130
@@ -193,6 +210,9 @@ def main(argv) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         b.res.close()
     for mode, result in results["modes"].items():
+        if mode == "memory":
+            report.print_memory(result)
+            continue
         result["summary"] = report.summarise(result["sizes"])
         report.print_mode(mode, result, results["value_bytes"], args.broker)
     if "e2e" in results["modes"]:  # where the JSON line had them before there were modes

@@ -18,19 +18,35 @@ record is the only per-record object work. Delivery reports come for errors only
 holds, less what failed. Events (missing ranges, heartbeats) go through a producer of their own,
 so that count stays exact.
 
-When the destination cluster is down the producer keeps retrying and its bounded queue fills:
-the writer then stops taking input, which backs up through the unpackers to the UDP socket.
+Durability (docs/operations.md, "Restarts and outages"). Every datagram is in the reader's
+journal before it comes here; each run comes with its journal position and the reader's clock
+when it was read. The reorder wait runs on that clock, carried by the reader's marks: a stalled
+pipeline (a restarting worker, a full queue) stops time instead of turning into false gaps. Every
+receiver.checkpoint.interval.ms the writer hands everything decoded to the producer, flushes it,
+and records (diode.checkpoints) its partitions' states and a journal position below which nothing
+it needs is unwritten. A (re)started writer resumes from that, corrected by what the destination
+already holds (diode.recovery: the provenance headers of its last records, and the missing ranges
+already reported), then asks the reader to replay the journal from the checkpoints; dedup drops
+what was written. Records the sender sent while no receiver was reading are reported as
+"receiver-down", once.
+
+When the destination cluster is down the producer keeps retrying (message.timeout.ms 0) and its
+bounded queue fills: the writer stops taking input, the unpackers' queues fill, and the reader
+keeps the datagrams in its journal (receiver.journal.max.bytes) until the destination is back. A
+destination topic that cannot be created or written is the only one waiting: its records go to
+receiver.dead.letter.topic with the error, and other topics go on. Events (missing ranges,
+heartbeats, dead letters) wait in a bounded queue of their own, never in a loop.
 """
 
 import json
 import time
 from collections import deque
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from diode import transport
-from diode.errors import RejectedDatagram
+from diode import checkpoints, recovery, transport
+from diode.errors import DiodeError, RejectedDatagram
 from diode.kafka import (admin_config, client_settings, create_topic, partition_counts,
                          produce_run, producer_config)
 from diode.ordering import PartitionState
@@ -38,17 +54,31 @@ from diode.ranges import merge
 from diode.records import partition_owner
 from diode.runs import Run
 from diode.worker import Stage as BaseStage
+from stages.udp_reader import ask, request_replay
 
 MAX_PARTITIONS = 10000
+MAX_SENT_RUNS = 2000         # runs produced and not yet known acknowledged, kept to name refusals
 MAX_BACKLOG_RECORDS = 20000  # records decoded and waiting for the producer; past it, no input
+MAX_EVENTS = 20000           # events (missing ranges, dead letters) waiting; past it, no input
 INPUT_MESSAGES = 16          # unpacker messages taken per step
 WRITER_LINGER_MS = 50        # librdkafka's linger.ms unless receiver.kafka sets it
-EXPIRE_ANYWAY_SECONDS = 1.0
+EXPIRE_SECONDS = 0.02       # waiting runs and claims are looked at this often
+ASK_AGAIN_SECONDS = 5.0      # a replay asked for and not begun yet is asked again
+FLUSH_SECONDS = 0.2          # a checkpoint waits this long at most (a step) for acknowledgements
+RECOVER_AGAIN_SECONDS = 5.0  # the destination could not be read: try again after this
+TOPIC_GIVE_UP_SECONDS = 60.0  # a destination topic not creatable this long: dead letters
+# Errors after which a topic or a record will never be written, whatever the wait.
+REFUSED_FOR_GOOD = {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.MSG_SIZE_TOO_LARGE,
+                    KafkaError.TOPIC_EXCEPTION, KafkaError.POLICY_VIOLATION,
+                    KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG_SIZE,
+                    KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError.INVALID_CONFIG,
+                    KafkaError.INVALID_PARTITIONS, KafkaError.INVALID_REPLICATION_FACTOR}
 
 
 class Stage(BaseStage):
     def open(self):
         ctx = self.ctx
+        r = self.r = self.t.receiver
         kafka = client_settings(self.t, "receiver")
         self.input = transport.pull(ctx.zmq, ctx.endpoint("kafka_writer", ctx.spec.index),
                                     ctx.hwm)
@@ -60,86 +90,160 @@ class Stage(BaseStage):
             "linger.ms": WRITER_LINGER_MS,
             "message.timeout.ms": 0, "delivery.report.only.error": True,
             "on_delivery": self._delivered,
-            "message.max.bytes": self.t.receiver.max_record_bytes + 65536}))
-        self.events = None  # the producer of missing-range and heartbeat events, when needed
+            "message.max.bytes": r.max_record_bytes + 65536}))
+        self.events = None  # the producer of events and dead letters, made when needed
+        self.event_queue = deque()  # (topic, key, value, headers) for that producer
+        self.events_first = False   # missing ranges to acknowledge before writing more
+        # Runs produced since the destination last acknowledged everything (a checkpoint):
+        # a delivery report carries no headers, so a refused record's source coordinates
+        # are found here by its key and value.
+        self.sent = deque(maxlen=MAX_SENT_RUNS)
         self.produced = 0   # records the producer accepted
         self.failed = 0     # records the destination refused
         self.admin = AdminClient(admin_config(kafka))
         self.dest_partitions: dict = {}   # destination topic -> partition count
         self.source_partitions: dict = {}  # source topic -> partition count (from the sender)
         self.next_metadata: dict = {}     # topic -> when its metadata may be asked again
+        self.topic_trouble: dict = {}     # destination topic -> (since, error, for good)
         self.backlog = deque()            # [run, next index, columns] not yet all produced
         self.backlog_records = 0          # records in the backlog
         self.states: dict = {}            # (topic, partition) -> PartitionState
-        self.next_expire = 0.0
-        self.last_expire = 0.0
         self.last_beat = None             # when the last sender heartbeat arrived (writer 0)
         self.fills: dict = {}             # (topic, partition) -> offsets filled late, this step
         self.beat_interval = 1.0
         self.link_silent = False
+        self.last_input = 0.0             # when input was last taken
+        self.next_expire = 0.0
+        # The reader's clock and journal position, per unpacker, from its marks: trusted once
+        # the replay this start asked for has begun there (see stages.udp_reader).
+        n = ctx.instances("unpacker")
+        self.marks: list = [None] * n
+        self.trusted = [False] * n
+        self.writers = ctx.instances("kafka_writer")
+        self.durable = r.journal_enabled
+        self.dir = self.t.resolve(r.journal_dir)
+        self.recovered: set = set()       # source topics whose destination state is known
+        self.recover_at: dict = {}        # source topic -> when to try reading it again
+        self.unrecovered: dict = {}       # source topic -> runs and claims waiting for that
+        self.reported = None              # (topic, partition) -> ranges reported before
+        self.since_ms = None              # the oldest checkpoint's time
+        self.next_checkpoint = time.monotonic() + r.checkpoint_interval_ms / 1000
+        if self.durable:
+            self._restore()
+        self.started = time.monotonic()
+        self.asking = request_replay(ctx, self.started)
+        self.ask_again = self.started + ASK_AGAIN_SECONDS
 
     def destination(self, topic: str) -> str:
-        r = self.t.receiver
-        return r.topic_rename.get(topic) or r.topic_prefix + topic
+        return self.r.topic_rename.get(topic) or self.r.topic_prefix + topic
+
+    def _owns(self, topic: str, partition: int) -> bool:
+        return partition_owner(topic, partition, self.writers) == self.ctx.spec.index
+
+    # -- the loop ------------------------------------------------------------------------------
 
     def step(self):
         self.producer.poll(0)
         if self.events is not None:
             self.events.poll(0)
+        self._produce_events()
         self.metrics.set("records", self.produced - self.failed - len(self.producer))
-        if self.backlog_records >= MAX_BACKLOG_RECORDS:
-            # The destination is behind: take no input, and expire nothing either, since what
-            # a waiting run waits for may be in the input not taken (time stands still for it).
+        now = time.monotonic()
+        if not all(self.trusted) and now >= self.ask_again:
+            # (asked as of now: a notice that answered the first ask may have been lost)
+            ask(self.asking, self.ctx.spec.name, now)
+            self.ask_again = now + ASK_AGAIN_SECONDS
+        checkpoint_due = self.durable and now >= self.next_checkpoint
+        if self.backlog_records >= MAX_BACKLOG_RECORDS or len(self.event_queue) >= MAX_EVENTS \
+                or (checkpoint_due and self.backlog):
+            # The destination is behind (or a checkpoint waits for the backlog to go): take no
+            # input. Time stands still for the waiting runs too: it runs on the reader's marks.
             self._produce_backlog()
+            if self.backlog or self.event_queue:
+                self.producer.poll(0.05)  # the destination is slow or down: wait, keep order
             return True
         got = self.input.poll(0 if self.backlog else 50)
         if self.drained(idle=not got and not self.backlog):
-            # Nothing more is coming: write what waits for a predecessor (reporting the gaps).
-            self._expire(float("inf"))
-            if self.backlog:
-                self._produce_backlog()
-                return True
-            self._flush()
-            return False
-        taken = self._take_input() if got else 0
-        now = time.monotonic()
-        # Expire when the input was emptied (what a waiting run waits for is not sitting in
-        # it), or at least every EXPIRE_ANYWAY_SECONDS under a steady full input, whose
-        # oldest message is then a few steps old, far less than receiver.reorder.wait.ms.
-        if now >= self.next_expire and (taken < INPUT_MESSAGES or
-                                        now - self.last_expire >= EXPIRE_ANYWAY_SECONDS):
-            self._expire(now)
-            self.next_expire, self.last_expire = now + 0.05, now
+            return self._finish()
+        if got:
+            self._take_input()
         self._report_fills()
         if self.backlog:
             self._produce_backlog()
+        clock = self._clock()
+        if clock is not None and now >= self.next_expire:  # (a pass over every partition)
+            self._expire(clock)
+            self.next_expire = now + EXPIRE_SECONDS
+        if checkpoint_due and not self.backlog:
+            self._checkpoint(now)
         return True
 
-    def _take_input(self) -> int:
-        """Offer what the unpackers sent to the partitions' states; returns the messages taken
-        (INPUT_MESSAGES at most)."""
-        now = time.monotonic()
-        messages = transport.drain(self.input, INPUT_MESSAGES)
-        states = self.states
-        for frames in messages:
-            claims, beats = transport.loads(frames[0])
-            for t, p, chain_start, last_sent in claims:
-                self._state(t, p).heartbeat(chain_start, last_sent, now)
-            for frame in frames[1:]:
+    def _finish(self) -> bool:
+        """Stopping and nothing more is coming: write what can be written, then the last
+        checkpoint; False once done. Without a journal, what waits for a predecessor is written
+        now and the gaps before it reported (nothing would replay it)."""
+        if not self.durable:
+            self._expire(float("inf"))
+        if self.backlog or self.event_queue:
+            self._produce_backlog()
+            self._produce_events()
+            self.producer.poll(0.05)
+            return True
+        self._flush()
+        if self.durable:
+            self.next_checkpoint = 0.0
+            self._checkpoint(time.monotonic(), final=True)
+        return False
+
+    def _take_input(self) -> None:
+        """Offer what the unpackers sent to the partitions' states."""
+        self.last_input = time.monotonic()
+        for frames in transport.drain(self.input, INPUT_MESSAGES):
+            index, origins, claims, beats, mark, notices = transport.loads(frames[0])
+            if not self.trusted[index] and any(n >= self.started for n in notices):
+                self.trusted[index] = True
+            for claim in claims:
+                if (claim[0], claim[1]) in self.recovered or self._recover(claim[0], claim[1]):
+                    self._claim(claim)
+                else:
+                    self.unrecovered[claim[0]].append(claim)
+            for frame, origin in zip(frames[1:], origins):
                 run = self._decode(frame)
                 if run is None:
                     continue
-                tp = (run.topic, run.partition)
-                state = states.get(tp) or self._state(*tp)
-                wait = state.wait
-                u = state.offer(run, now)
-                if u.missing or u.filled:  # (the wait only lengthens on a fill)
-                    self._apply(run.topic, run.partition, u, wait)
-                else:  # the common case: runs to write, nothing to report
-                    self._queue(u.writes)
+                run.origin = origin
+                if (run.topic, run.partition) in self.recovered or \
+                        self._recover(run.topic, run.partition):
+                    self._offer(run)
+                else:  # the destination cannot be read yet: the run waits (and counts)
+                    self.unrecovered[run.topic].append(run)
+                    self.backlog_records += len(run)
             for beat in beats:
                 self._beat(beat)
-        return len(messages)
+            if mark is not None and self.trusted[index]:
+                m = self.marks[index]
+                self.marks[index] = mark if m is None else (max(m[0], mark[0]),
+                                                            max(m[1], mark[1]))
+
+    def _offer(self, run: Run) -> None:
+        state = self.states.get((run.topic, run.partition)) or self._state(run.topic,
+                                                                           run.partition)
+        wait = state.wait
+        u = state.offer(run, run.origin[1])
+        if u.missing or u.filled:  # (the wait only lengthens on a fill)
+            self._apply(run.topic, run.partition, u, wait)
+        else:  # the common case: runs to write, nothing to report
+            self._queue(u.writes)
+
+    def _claim(self, claim) -> None:
+        topic, partition, chain_start, last_sent, seen, live = claim
+        self._state(topic, partition).heartbeat(chain_start, last_sent, seen, live)
+
+    def _clock(self):
+        """The reader's clock as far as every unpacker's marks have come (None: not yet)."""
+        if None in self.marks:
+            return None
+        return min(m[1] for m in self.marks)
 
     def _queue(self, writes: list) -> None:
         """Runs to write, after those already waiting."""
@@ -156,8 +260,7 @@ class Stage(BaseStage):
             self.metrics.inc("rejects", reason=exc.reason)
             self.log.error("dropped a run that does not decode: %s", exc)
             return None
-        if partition_owner(run.topic, run.partition, self.ctx.instances("kafka_writer")) != \
-                self.ctx.spec.index:
+        if not self._owns(run.topic, run.partition):
             self.metrics.inc("rejects", reason="misrouted")
             self.log.error("dropped a run of %s[%d], a partition another writer owns",
                            run.topic, run.partition)
@@ -171,17 +274,140 @@ class Stage(BaseStage):
                 self._event("filled", topic, partition, first, last, "late")
         self.fills.clear()
 
+    # -- restarts: checkpoints and what the destination holds ----------------------------------
+
+    def _restore(self) -> None:
+        """The states of this writer's partitions from every checkpoint (another writer may
+        have owned some of them, with another writer count)."""
+        saved = sorted(checkpoints.load_all(self.dir), key=lambda d: d["time_ms"])
+        for data in saved:
+            for topic, partition, state in data["partitions"]:
+                if self._owns(topic, partition):
+                    self.states[(topic, partition)] = PartitionState.restore(
+                        state, self.r.reorder_wait_ms / 1000, self.r.reorder_wait_max_ms / 1000)
+        if saved:
+            self.since_ms = saved[0]["time_ms"]
+            self.log.info("resuming %d partition(s) from the checkpoints in %s",
+                          len(self.states), self.dir)
+        for topic, _ in self.states:
+            self.source_partitions.setdefault(topic, 1)
+
+    def _recover(self, topic: str, partition: int) -> bool:
+        """Learn what the destination already holds of a source partition (once per start,
+        before its first record or claim is offered: with it, those of the topic's other
+        partitions this writer owns and has not asked about), and which missing ranges were
+        reported already. False while the destination cannot be read (tried again every
+        RECOVER_AGAIN_SECONDS; meanwhile the topic's runs wait, and count in the backlog)."""
+        now = time.monotonic()
+        waiting = self.unrecovered.setdefault(topic, [])
+        if now < self.recover_at.get(topic, 0.0):
+            return False
+        count = min(max(self.source_partitions.get(topic, 1), partition + 1), MAX_PARTITIONS)
+        wanted = {(topic, p) for p in range(count) if self._owns(topic, p)}
+        wanted |= {(topic, i.partition if isinstance(i, Run) else i[1]) for i in waiting}
+        wanted.add((topic, partition))
+        wanted -= self.recovered
+        try:
+            if self.reported is None:
+                reported = {}
+                if self.r.missing_records_topic:
+                    since = None if self.since_ms is None else self.since_ms - 60_000
+                    reported = recovery.last_reported(self.kafka, self.r.missing_records_topic,
+                                                      since, timeout=5.0)
+                self.reported = reported
+            written = recovery.last_written(self.kafka, self.destination(topic), wanted,
+                                            timeout=5.0)
+        except DiodeError as exc:
+            self.recover_at[topic] = now + RECOVER_AGAIN_SECONDS
+            self.metrics.inc("errors", reason="recovery")
+            self.log.warning("cannot read what the destination holds of %s yet (%s): its "
+                             "records wait; trying again in %.0f s", self.destination(topic),
+                             exc, RECOVER_AGAIN_SECONDS)
+            return False
+        for tp in sorted(wanted):
+            ranges = self.reported.get(tp)
+            if ranges:
+                self._state(*tp).reported(ranges)
+            if tp in written:
+                state = self._state(*tp)
+                before = state.frontier
+                state.written_up_to(written[tp])
+                if state.frontier != before:
+                    self.log.info("%s[%d]: the destination holds records up to offset %d "
+                                  "(the checkpoint said %s)", tp[0], tp[1], written[tp], before)
+        self.recovered |= wanted
+        del self.unrecovered[topic]
+        for item in waiting:  # in the order they came
+            if isinstance(item, Run):
+                self.backlog_records -= len(item)
+                self._offer(item)
+            else:
+                self._claim(item)
+        return True
+
+    def _low_water(self):
+        """The journal position below which nothing this writer still needs lies: None until
+        every unpacker's marks are trusted."""
+        if None in self.marks:
+            return None
+        low = min(m[0] for m in self.marks)
+        for state in self.states.values():
+            if state.pending:
+                low = min(low, state.oldest_position())
+        for waiting in self.unrecovered.values():
+            for item in waiting:
+                if isinstance(item, Run):
+                    low = min(low, item.origin[0])
+        return low
+
+    def _checkpoint(self, now: float, final: bool = False) -> None:
+        """Record what the destination acknowledged (see the module). Everything decoded has
+        been handed to the producer (the backlog is empty); the producers are flushed first."""
+        interval = self.r.checkpoint_interval_ms / 1000
+        low = self._low_water()
+        if low is None:
+            self.next_checkpoint = now + interval
+            return
+        snapshot = {tp: state.checkpoint() for tp, state in self.states.items()}
+        wait = self.t.supervisor.drain_timeout_seconds * 0.25 if final else FLUSH_SECONDS
+        if self.producer.flush(wait) or self._flush_events(wait):
+            self.next_checkpoint = now + min(0.5, interval)  # not acknowledged yet: soon again
+            return
+        self.sent.clear()
+        try:
+            checkpoints.save(self.dir, self.ctx.spec.index, int(low), snapshot, self.writers,
+                             int(time.time() * 1000), sync=self.r.journal_fsync == "interval")
+        except OSError as exc:
+            self.metrics.inc("errors", reason="checkpoint")
+            self.log.error("cannot write the checkpoint in %s: %s; a restart replays more of "
+                           "the journal", self.dir, exc)
+        self.metrics.inc("checkpoints")
+        self.metrics.set("checkpoint_low_water", low)
+        self.next_checkpoint = now + interval
+
+    def _flush_events(self, wait: float) -> int:
+        """Events still not acknowledged after `wait` (queued ones included)."""
+        self._produce_events()
+        left = self.events.flush(wait) if self.events is not None else 0
+        self._produce_events()  # (dead letters of records refused during the flush)
+        if self.event_queue and self.events is not None:
+            left += self.events.flush(wait)
+        return left + len(self.event_queue)
+
     # -- order, duplicates, gaps (diode.ordering) ----------------------------------------------
 
     def _state(self, topic: str, partition: int) -> PartitionState:
         state = self.states.get((topic, partition))
         if state is None:
             state = self.states[(topic, partition)] = PartitionState(
-                self.t.receiver.reorder_wait_ms / 1000,
-                max_wait=self.t.receiver.reorder_wait_max_ms / 1000)
+                self.r.reorder_wait_ms / 1000, max_wait=self.r.reorder_wait_max_ms / 1000)
         return state
 
     def _apply(self, topic: str, partition: int, u, wait: float | None = None) -> None:
+        if u.missing:
+            # The report goes before the records after the gap: were they written and the
+            # report lost with this process, a restart would take the gap for written.
+            self.events_first = True
         self._queue(u.writes)
         for m in u.missing:
             self._event("missing", topic, partition, m.first, m.last, m.reason)
@@ -194,16 +420,19 @@ class Stage(BaseStage):
                              "%.1f s before reporting a gap (receiver.reorder.wait.max.ms)",
                              topic, partition, state.wait)
 
-    def _expire(self, now: float) -> None:
+    def _expire(self, clock: float) -> None:
         for (t, p), state in self.states.items():
             if state.busy:
                 wait = state.wait
-                self._apply(t, p, state.expire(now), wait)
+                self._apply(t, p, state.expire(clock), wait)
         self._report_fills()
         self.metrics.set("duplicates", sum(s.duplicates for s in self.states.values()))
         self.metrics.set("pending_records", sum(s.pending_records for s in self.states.values()))
+        now = time.monotonic()
+        # (the reader's marks come every few milliseconds: input not taken for a second means
+        # this writer was held up by the destination, not that the link fell silent)
         if self.last_beat is not None and not self.link_silent and not self.stopping and \
-                now - self.last_beat > 3 * self.beat_interval:
+                now - self.last_beat > 3 * self.beat_interval and now - self.last_input < 1.0:
             self.link_silent = True
             self.metrics.set("link_silent", 1)
             self.log.warning("no heartbeat from the sender for %.0f s: the link, the sender or "
@@ -216,18 +445,17 @@ class Stage(BaseStage):
             self.metrics.inc("missing_ranges")
             self.metrics.inc("missing_records", last - first + 1)
             self.log.warning("missing %s[%d] offsets %d..%d (%s)", topic, partition, first, last,
-                             "lost on the link" if reason == "gap" else
-                             "sent before the last heartbeat, never arrived")
+                             MEANINGS.get(reason, reason))
         else:
             self.metrics.inc("late_records", last - first + 1)
             self.log.info("late records %s[%d]@%d..%d filled a missing range", topic, partition,
                           first, last)
-        if self.t.receiver.missing_records_topic:
+        if self.r.missing_records_topic:
             event = {"type": kind, "sourceTopic": topic, "sourcePartition": partition,
                      "firstOffset": first, "lastOffset": last, "reason": reason,
                      "detectedAt": int(time.time() * 1000)}
-            self._produce_event(self.t.receiver.missing_records_topic,
-                                f"{topic}-{partition}", event)
+            self.event_queue.append((self.r.missing_records_topic, f"{topic}-{partition}".encode(),
+                                     json.dumps(event).encode(), None))
 
     def _beat(self, beat: dict) -> None:
         now = time.monotonic()
@@ -238,64 +466,159 @@ class Stage(BaseStage):
         self.last_beat = now
         self.beat_interval = beat["interval_ms"] / 1000
         self.metrics.inc("heartbeats")
-        if self.t.receiver.heartbeat_topic:
-            self._produce_event(self.t.receiver.heartbeat_topic, beat["session"], {
+        if self.r.heartbeat_topic and len(self.event_queue) < MAX_EVENTS // 2:
+            # (liveness, not data: dropped rather than holding input while events are behind)
+            self.event_queue.append((self.r.heartbeat_topic, beat["session"].encode(), json.dumps({
                 "senderTime": beat.get("time_ms"), "receivedAt": int(time.time() * 1000),
                 "reader": beat.get("reader"), "session": beat["session"],
                 "partitions": len(beat["partitions"]), "counters": beat.get("counters", {}),
                 "lastSent": [{"topic": t, "partition": p, "offset": last, "chainStart": start}
-                             for t, p, start, last in beat["partitions"]]})
+                             for t, p, start, last in beat["partitions"]]}).encode(), None))
 
-    def _produce_event(self, topic: str, key: str, event: dict) -> None:
-        if topic not in self.dest_partitions:
-            self._ensure_topic(topic, 1)
+    def _produce_events(self) -> None:
+        """Hand queued events to their producer, in order, as far as it takes them now."""
+        queue = self.event_queue
+        if not queue:
+            return
         if self.events is None:
             self.events = Producer(producer_config(self.kafka, **{
-                "message.timeout.ms": 0, "on_delivery": self._event_delivered}))
-        while True:
+                "message.timeout.ms": 0, "on_delivery": self._event_delivered,
+                "message.max.bytes": self.r.max_record_bytes + 65536}))
+        while queue:
+            topic, key, value, headers = queue[0]
+            if topic not in self.dest_partitions and not self._ensure_topic(topic, 1):
+                return  # (retried at most once a second; the log says why)
             try:
-                self.events.produce(topic, key=key.encode(), value=json.dumps(event).encode())
-                return
+                if headers is None:
+                    self.events.produce(topic, value, key)
+                else:  # a dead letter (rare): its own report, which names where it came from
+                    self.events.produce(topic, value, key, headers=headers, on_delivery=(
+                        lambda err, msg, h=headers: self._dead_letter_delivered(err, msg, h)))
             except BufferError:
-                self.events.poll(0.05)
+                return
+            queue.popleft()
+        self.metrics.set("events_waiting", len(queue))
+
+    def _dead_letter_delivered(self, err, msg, headers):
+        if err is not None:
+            self._refused(headers, msg.topic(), f"{err.str()}, and then by the dead-letter "
+                          f"topic")
 
     def _event_delivered(self, err, msg):
-        if err is not None:
-            self.metrics.inc("errors", reason="event")
-            self.log.error("could not write to %s: %s", msg.topic(), err)
+        if err is None:
+            return
+        self.metrics.inc("errors", reason="event")
+        self.log.error("could not write to %s: %s", msg.topic(), err.str())
+
+    # -- writing -------------------------------------------------------------------------------
 
     def _produce_backlog(self):
-        stamp = self.t.receiver.written_at_header
+        """Produce waiting runs in order. A destination topic not writable yet keeps its runs
+        (in their order) without holding up other topics'; one that will never be writable
+        sends them to the dead-letter topic."""
+        if self.events_first:
+            if self._flush_events(FLUSH_SECONDS):
+                self.producer.poll(0.05)  # (the missing-records topic is slow or down)
+                return
+            self.events_first = False
+        stamp = self.r.written_at_header
         written_at = [(stamp, str(int(time.time() * 1000)).encode())] if stamp else []
-        backlog = self.backlog
+        backlog, kept, blocked = self.backlog, deque(), set()
         while backlog:
-            entry = backlog[0]
+            entry = backlog.popleft()
             run = entry[0]
             topic = self.destination(run.topic)
+            if topic in blocked:
+                kept.append(entry)
+                continue
             if topic not in self.dest_partitions and \
                     not self._ensure_topic(topic, self._source_partitions(run.topic)):
-                time.sleep(0.05)  # not visible yet: keep the runs, in order, and retry
-                break
+                trouble = self.topic_trouble.get(topic)
+                if trouble and (trouble[2] or
+                                time.monotonic() - trouble[0] >= TOPIC_GIVE_UP_SECONDS):
+                    self._dead_letter_run(run, entry[1], topic, trouble[1])
+                    continue
+                blocked.add(topic)
+                kept.append(entry)
+                continue
             if entry[2] is None:
                 entry[2] = (run.key_list(), run.value_list(), run.header_lists())
             partition = run.partition if run.partition < self.dest_partitions[topic] else -1
             done = produce_run(self.producer, topic, partition, run, entry[2], entry[1],
                                written_at)
+            self.sent.append((topic, run, entry[2]))
             self.produced += done - entry[1]
             self.backlog_records -= done - entry[1]
-            if done < len(run):
+            if done < len(run):  # the producer's queue is full: the rest waits, in order
                 entry[1] = done
-                self.producer.poll(0.05)  # the destination is slow or down: wait, keep order
-                break
-            backlog.popleft()
+                kept.append(entry)
+                kept.extend(backlog)
+                backlog.clear()
+        self.backlog = kept
         self.metrics.set("backlog_records", self.backlog_records)
 
+    def _dead_letter_run(self, run: Run, start: int, topic: str, error: str) -> None:
+        """A run whose destination topic cannot be created: to the dead-letter topic."""
+        self.backlog_records -= len(run) - start
+        keys, values, own = run.key_list(), run.value_list(), run.header_lists()
+        for i in range(start, len(run)):
+            headers = [*(own[i] if own is not None else ()),
+                       ("sourceTopic", run.topic.encode()),
+                       ("sourcePartition", b"%d" % run.partition),
+                       ("sourceOffset", b"%d" % run.offsets[i])]
+            self._dead_letter(topic, keys[i], values[i], headers, error)
+
+    def _dead_letter(self, topic: str, key, value, headers: list, error: str) -> None:
+        """A record the destination will never take: to receiver.dead.letter.topic with why,
+        or reported missing ("refused") when there is none."""
+        self.metrics.inc("dead_letters")
+        if not self.r.dead_letter_topic:
+            self._refused(headers, topic, error)
+            return
+        self.event_queue.append((self.r.dead_letter_topic, key, value, [
+            *headers, ("diode.destination.topic", topic.encode()),
+            ("diode.error", error.encode())]))
+
+    def _refused(self, headers: list, where: str, error: str) -> None:
+        """A record refused by the destination and by the dead-letter topic: reported."""
+        coordinates = {k: v for k, v in headers if k.startswith("source")}
+        try:
+            topic = coordinates["sourceTopic"].decode()
+            partition, offset = int(coordinates["sourcePartition"]), \
+                int(coordinates["sourceOffset"])
+        except (KeyError, ValueError):
+            self.log.error("a record refused by %s carries no source coordinates: %s",
+                           where, error)
+            return
+        self.metrics.inc("refused_records")
+        self._event("missing", topic, partition, offset, offset, f"refused: {error}")
+
     def _delivered(self, err, msg):
-        """Called for records the destination refused (delivery.report.only.error)."""
+        """Called for records the destination refused (delivery.report.only.error): with
+        message.timeout.ms 0, only for good."""
         self.failed += 1
         self.metrics.inc("errors", reason="produce")
-        self.log.error("a record was not written to %s[%s]: %s", msg.topic(), msg.partition(),
-                       err)
+        headers = self._headers_of(msg)
+        where = {k: v.decode() for k, v in headers if k.startswith("source")}
+        self.log.error("a record (%s) was not written to %s[%s]: %s; sending it to the "
+                       "dead-letter topic", ", ".join(f"{k} {v}" for k, v in where.items()) or
+                       "source unknown", msg.topic(), msg.partition(), err.str())
+        self._dead_letter(msg.topic(), msg.key(), msg.value(), headers, err.str())
+
+    def _headers_of(self, msg) -> list:
+        """A refused record's headers, provenance included: delivery reports carry none, so
+        the record is looked up among the runs produced since the last acknowledgement."""
+        key, value = msg.key(), msg.value()
+        for topic, run, (keys, values, own) in reversed(self.sent):
+            if topic != msg.topic():
+                continue
+            for i, (k, v) in enumerate(zip(keys, values)):
+                if v == value and k == key:
+                    return [*(own[i] if own is not None else ()),
+                            ("sourceTopic", run.topic.encode()),
+                            ("sourcePartition", b"%d" % run.partition),
+                            ("sourceOffset", b"%d" % run.offsets[i])]
+        return list(msg.headers() or [])
 
     def _source_partitions(self, source_topic: str) -> int:
         """The partition count the sender gave for a source topic (a new destination's)."""
@@ -303,7 +626,8 @@ class Stage(BaseStage):
 
     def _ensure_topic(self, topic: str, partitions: int) -> bool:
         """Learn a destination topic's partition count, creating the topic with `partitions` if
-        it does not exist. At most once a second per topic; False until it is known."""
+        it does not exist. At most once a second per topic; False until it is known (and the
+        trouble is kept in topic_trouble)."""
         now = time.monotonic()
         if now < self.next_metadata.get(topic, 0.0):
             return False
@@ -311,28 +635,42 @@ class Stage(BaseStage):
         try:
             self.dest_partitions.update(partition_counts(self.producer))
             if topic in self.dest_partitions:
+                self.topic_trouble.pop(topic, None)
                 return True
             if create_topic(self.admin, topic, partitions):
                 self.log.info("created destination topic %s with %d partition(s)", topic,
                               partitions)
             self.dest_partitions.update(partition_counts(self.producer))
         except KafkaException as exc:
-            self.log.warning("cannot read or create destination topic %s: %s; retrying", topic,
-                             exc.args[0])
+            error = exc.args[0]
+            for_good = error.code() in REFUSED_FOR_GOOD
+            if topic not in self.topic_trouble:
+                self.log.warning("cannot read or create destination topic %s: %s; %s", topic,
+                                 error.str(), "its records go to the dead-letter topic"
+                                 if for_good else "retrying, other topics go on")
+                self.topic_trouble[topic] = (now, error.str(), for_good)
             self.metrics.inc("errors", reason="metadata")
-        return topic in self.dest_partitions
+        if topic in self.dest_partitions:
+            self.topic_trouble.pop(topic, None)
+            return True
+        return False
 
     def _flush(self) -> None:
+        self._produce_events()
         if self.events is not None:
             self.events.flush(self.t.supervisor.drain_timeout_seconds * 0.25)
         left = self.producer.flush(self.t.supervisor.drain_timeout_seconds * 0.5)
         self.metrics.set("records", self.produced - self.failed - len(self.producer))
         if left:
             self.log.error("stopping with %d record(s) not confirmed by the destination "
-                           "cluster", left)
+                           "cluster%s", left, "; the journal replays them at the next start"
+                           if self.durable else "")
 
     def close(self):
         self.producer.flush(1)
         if self.events is not None:
             self.events.flush(1)
 
+
+MEANINGS = {"gap": "lost on the link", "tail": "sent before the last heartbeat, never arrived",
+            "receiver-down": "sent while no receiver was reading"}

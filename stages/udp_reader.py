@@ -1,20 +1,53 @@
-"""udp_reader: the receiver's one UDP socket. It does nothing but read and forward.
+"""udp_reader: the receiver's one UDP socket. It reads, journals and forwards.
 
-Datagrams go to unpackers by the routing key of their fixed header (routing key % unpackers),
-several per ZeroMQ message. A datagram too short or not ours (wrong magic or version) is counted
-and dropped here; nothing else in it is trusted or even looked at.
+The socket is made by the supervisor before it forks (`prepare`), so it outlives this process: a
+killed reader comes back to the same socket, and the kernel queues what arrives meanwhile.
+
+Every datagram whose fixed header is ours is appended to the receive journal (diode.journal),
+still encrypted, before it goes on; one too short or not ours (wrong magic or version) is counted
+and dropped here, and nothing else in it is trusted or even looked at. Datagrams go to unpackers
+by the routing key of their fixed header (routing key % unpackers), several per ZeroMQ message.
+
+Forwarding is a cursor over the journal. While the unpackers keep up, a batch goes on as it was
+read; while they are behind (a destination outage), the reader keeps reading the socket into the
+journal, up to receiver.journal.max.bytes, and forwards from the journal when there is room.
+
+Messages to an unpacker, a control frame first (pickled, ours alone):
+- ("data", replayed, positions, seen, datagrams follow): `seen` is this reader's clock when the
+  datagrams were read; `replayed`: they come again from the journal after a restart (the
+  unpacker's replay window has seen them, or not: their records' dedup decides);
+- ("mark", position, seen): every datagram below `position`, and every one read before `seen`,
+  has been forwarded in this message stream. Writers measure the reorder wait on this clock, so
+  a queue or a dead worker downstream never turns into a false gap, and checkpoint up to the
+  position. No mark goes out while a replay is under way;
+- ("notice", started): a replay started at `started`; a worker that asked for a replay before
+  then has its lost input coming.
+
+Any worker of this side that (re)starts asks for a replay on the control endpoint; the reader
+replays from the lowest low water of the writers' checkpoints (diode.checkpoints). Without a
+journal (receiver.journal.enabled false) positions only count datagrams and nothing is replayed.
 """
 
 import errno
+import select
 import socket
 import time
+from collections import deque
 
+import zmq
 
-from diode import transport, wire
+from diode import checkpoints, transport, wire
 from diode.errors import DiodeError, RejectedDatagram
+from diode.journal import HEADER, Journal, JournalError, JournalFull
 from diode.worker import Stage as BaseStage
 
-BATCH_DATAGRAMS = 64
+BATCH_DATAGRAMS = 64          # per unpacker per message
+POLL_MS = 50                  # longest wait for a datagram
+MARK_SECONDS = 0.02           # marks at least this often while traffic flows or the link is idle
+HOUSEKEEPING_SECONDS = 1.0    # journal release, metrics
+TIMES_MAX = 100_000           # (position, clock) entries kept for datagrams not yet forwarded
+MAX_DATAGRAM = 65536
+RECORD_HEADER = HEADER.size   # a journal record's header: positions are record starts
 
 
 def open_socket(bind_address: str, port: int, rcvbuf: int, log=None) -> socket.socket:
@@ -34,51 +67,153 @@ def open_socket(bind_address: str, port: int, rcvbuf: int, log=None) -> socket.s
         sock.close()
         raise DiodeError(f"cannot bind udp {bind_address}:{port} (link.bind.address, link.port): "
                          f"{exc.strerror}; is another receiver running?") from None
-    sock.settimeout(0.1)
     return sock
 
 
+def open_journal(t) -> Journal | None:
+    r = t.receiver
+    if not r.journal_enabled:
+        return None
+    journal = Journal(t.resolve(r.journal_dir), r.journal_max_bytes, r.journal_segment_bytes,
+                      r.journal_fsync, r.journal_fsync_interval_ms / 1000)
+    try:
+        journal.open()
+    except JournalError as exc:
+        raise JournalError(f"receiver.journal.dir: {exc}") from None
+    return journal
+
+
+def request_replay(ctx, started: float) -> zmq.Socket:
+    """A worker that (re)starts asks the reader to replay the journal (see the module). Returns
+    the socket, to ask again with `ask` until a notice answers."""
+    sock = transport.push(ctx.zmq, [ctx.endpoint("udp_reader", 0, "control")], 4)
+    ask(sock, ctx.spec.name, started)
+    return sock
+
+
+def ask(sock: zmq.Socket, who: str, started: float) -> None:
+    try:
+        sock.send(transport.dumps(("replay", started, who)), zmq.NOBLOCK)
+    except zmq.Again:
+        pass  # the reader is not there yet: asked again later
+
+
 class Stage(BaseStage):
+    @classmethod
+    def prepare(cls, t, log) -> dict:
+        """In the supervisor, before forking: the socket (it outlives a killed reader), and a
+        journal directory that cannot be written is an error now, not a restart loop."""
+        sock = open_socket(t.link.bind_address, t.link.port, t.link.receive_buffer_bytes, log)
+        try:
+            journal = open_journal(t)
+        except DiodeError:
+            sock.close()
+            raise
+        if journal is not None:
+            journal.close()
+        return {"socket": sock}
+
     def open(self):
         ctx = self.ctx
         link = self.t.link
         n = ctx.instances("unpacker")
+        self.writers = ctx.instances("kafka_writer")
         self.outs = [transport.Outbox(transport.push(ctx.zmq, [ctx.endpoint("unpacker", i)],
                                                      ctx.hwm)) for i in range(n)]
-        self.sock = open_socket(link.bind_address, link.port, link.receive_buffer_bytes, self.log)
+        self.control = transport.pull(ctx.zmq, ctx.endpoint("udp_reader", 0, "control"), 64)
+        inherited = ctx.inherited.get("socket")
+        self.sock = inherited or open_socket(link.bind_address, link.port,
+                                             link.receive_buffer_bytes, self.log)
+        # Non-blocking, waiting in poll() alone: a socket with a timeout makes Python wait for
+        # readiness even with MSG_DONTWAIT, so a burst read in one go would take as long as the
+        # datagrams took to come, held in memory, not journaled (lost to a kill -9 meanwhile).
+        self.sock.setblocking(False)
+        self.poller = select.poll()
+        self.poller.register(self.sock, select.POLLIN)
         self.metrics.set("receive_buffer_bytes",
                          self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2)
-        self.buf = bytearray(65536)
-        self.log.info("listening on udp %s:%d", link.bind_address, link.port)
+        self.buf = bytearray(MAX_DATAGRAM)
+        self.journal = open_journal(self.t)
+        self.dir = self.t.resolve(self.t.receiver.journal_dir)
+        self.end = self.journal.end if self.journal else 0   # next position
+        self.cursor = self.end            # next position to forward
+        self.times: deque = deque()       # (position, clock) of datagrams read, not forwarded
+        self.reading = None               # journal reader while forwarding from the journal
+        self.replay_end = 0               # positions below it are forwarded as replayed
+        self.replay_started = 0.0
+        self.next_mark = 0.0
+        self.next_housekeeping = 0.0
+        self.journal_failing = False
+        self.full_since = None
+        self.log.info("listening on udp %s:%d%s", link.bind_address, link.port,
+                      f", journal in {self.dir}" if self.journal else ", no journal")
+        self._replay(time.monotonic())    # what was journaled before this start goes on again
+
+    # -- the loop ------------------------------------------------------------------------------
 
     def step(self):
+        now = time.monotonic()
+        self._requests(now)
+        if now >= self.next_housekeeping:
+            self._housekeeping(now)
+            self.next_housekeeping = now + HOUSEKEEPING_SECONDS
         if self.stopping:
-            return False  # nothing to drain from a UDP socket that would not also keep coming
-        if not all(o.flush() for o in self.outs):
-            # an unpacker is behind: stop reading; the kernel buffer absorbs the burst
+            # What is journaled and not forwarded is replayed at the next start.
+            self._mark(now, force=True)
+            return False
+        room = all(o.flush() for o in self.outs)
+        caught_up = self.cursor == self.end
+        batch = self._receive(block=room and caught_up)
+        now = time.monotonic()
+        if batch:
+            items = self._append(batch, now)
+            if items is None:
+                pass  # in the journal, forwarded from there when there is room
+            elif caught_up and room or self.journal is None or self.journal_failing:
+                # (without a journal the outboxes hold it, and reading stops until they empty)
+                self._forward(items, False, now)
+                if caught_up:
+                    self.cursor = self.end
+            else:
+                self._remember(items[0][0], now)
+        room = room and all(o.flush() for o in self.outs)
+        if room and self.cursor < self.end:
+            self._forward_from_journal()
+        if room:
+            self._mark(now)
+        elif not batch:
             time.sleep(0.001)
-            return True
-        batches = [[] for _ in self.outs]
-        got = 0
+        return True
+
+    def _receive(self, block: bool) -> list:
+        """Datagrams waiting on the socket (waiting up to its timeout when `block`), as many as
+        the journal has room for; none while the unpackers are behind and there is no journal
+        to hold them (the kernel buffer absorbs the burst)."""
+        if not all(o.flush() for o in self.outs) and (self.journal is None or
+                                                        self.journal_failing):
+            return []
+        limit = BATCH_DATAGRAMS * len(self.outs)
+        if self.journal is not None and not self.journal_failing:
+            room = self.journal.max_bytes - self.journal.size
+            limit = min(limit, max(0, room) // (MAX_DATAGRAM + RECORD_HEADER))
+            if limit == 0:
+                self._full(True)
+                return []
+            self._full(False)
+        out = []
+        if block and not self.poller.poll(POLL_MS):
+            return out
         try:
-            nbytes = self.sock.recv_into(self.buf)
-            self._route(batches, nbytes)
-            got = 1
-            while got < BATCH_DATAGRAMS * len(self.outs):
-                nbytes = self.sock.recv_into(self.buf, 0, socket.MSG_DONTWAIT)
-                self._route(batches, nbytes)
-                got += 1
-        except (socket.timeout, BlockingIOError):
+            while len(out) < limit:
+                self._accept(out, self.sock.recv_into(self.buf))
+        except BlockingIOError:
             pass
         except OSError as exc:
             if exc.errno not in (errno.EAGAIN, errno.EINTR):
                 self.log.warning("recv failed: %s", exc)
-        for out, batch in zip(self.outs, batches):
-            if batch:
-                out.put(batch)
-        return True
+        return out
 
-    def _route(self, batches, nbytes):
+    def _accept(self, out: list, nbytes: int) -> None:
         datagram = bytes(self.buf[:nbytes])
         self.metrics.inc("datagrams")
         self.metrics.inc("bytes", nbytes)
@@ -87,7 +222,193 @@ class Stage(BaseStage):
         except RejectedDatagram as exc:
             self.metrics.inc("rejects", reason=exc.reason)
             return
-        batches[key % len(batches)].append(datagram)
+        out.append((key, datagram))
+
+    def _append(self, batch: list, now: float):
+        """Journal a batch read from the socket: [(position, routing key, datagram)], or None
+        when the journal has no room (then it was not read: see _receive)."""
+        if self.journal is None:
+            first = self.end
+            self.end += len(batch)
+            return [(first + i, k, d) for i, (k, d) in enumerate(batch)]
+        if self.journal_failing:
+            self._retry_journal(now)
+            if self.journal_failing:
+                return [(self.end, k, d) for k, d in batch]  # not journaled: not replayable
+        try:
+            positions = self.journal.append([d for _, d in batch])
+        except JournalFull:  # (the room was checked: only a race with release)
+            self._full(True)
+            self.metrics.inc("journal_dropped_datagrams", len(batch))
+            return None
+        except JournalError as exc:
+            self._journal_failed(exc, now)
+            return [(self.end, k, d) for k, d in batch]
+        self.end = self.journal.end
+        self.journal.sync(now)
+        return [(p, k, d) for p, (k, d) in zip(positions, batch)]
+
+    def _remember(self, position: int, now: float) -> None:
+        """When datagrams from `position` on were read (they wait in the journal)."""
+        if not self.times or now - self.times[-1][1] > MARK_SECONDS:
+            if len(self.times) < TIMES_MAX:
+                self.times.append((position, now))
+
+    def _forward(self, items: list, replayed: bool, seen: float) -> None:
+        """Datagrams (position, routing key, bytes) to their unpackers, in one message each."""
+        n = len(self.outs)
+        per = [([], []) for _ in range(n)]
+        for position, key, datagram in items:
+            positions, frames = per[key % n]
+            positions.append(position)
+            frames.append(datagram)
+        for out, (positions, frames) in zip(self.outs, per):
+            if frames:
+                out.put([transport.dumps(("data", replayed, positions, seen)), *frames])
+        if replayed:
+            self.metrics.inc("replayed_datagrams", len(items))
+
+    def _forward_from_journal(self) -> None:
+        """Forward what waits in the journal from the cursor, a batch a step."""
+        if self.reading is None:
+            try:
+                self.reading = self.journal.read(self.cursor)
+            except JournalError as exc:  # (a checkpoint that names no record of this journal)
+                self.metrics.inc("journal_errors")
+                self.log.error("cannot replay the journal from %d: %s; going on from its end "
+                               "(the loss accounting reports what that skips)", self.cursor, exc)
+                self.cursor = self.end
+                return
+            self.reading_end = self.journal.end
+        items = []
+        limit = BATCH_DATAGRAMS * len(self.outs)
+        for position, datagram in self.reading:
+            if position < self.cursor:
+                continue
+            try:
+                key = wire.routing_key(datagram)
+            except RejectedDatagram:  # (checked before it was journaled: a damaged journal)
+                self.metrics.inc("rejects", reason="journal_damaged")
+                continue
+            items.append((position, key, datagram))
+            if len(items) >= limit:
+                break
+        else:  # read up to where the journal ended when this reading began
+            self.reading = None
+        if items:
+            self.cursor = items[-1][0] + RECORD_HEADER + len(items[-1][2])  # the next record
+            replayed = [i for i in items if i[0] < self.replay_end]
+            fresh = [i for i in items if i[0] >= self.replay_end]
+            if replayed:
+                self._forward(replayed, True, self.replay_started)
+            if fresh:
+                while len(self.times) > 1 and self.times[1][0] <= fresh[-1][0]:
+                    self.times.popleft()
+                seen = self.times[0][1] if self.times else time.monotonic()
+                self._forward(fresh, False, seen)
+        if self.reading is None:
+            self.cursor = max(self.cursor, self.reading_end)
+
+    def _mark(self, now: float, force: bool = False) -> None:
+        """Tell the unpackers how far forwarding has come (see the module)."""
+        if (now < self.next_mark and not force) or self.cursor < self.replay_end:
+            return
+        if self.cursor < self.end:
+            while len(self.times) > 1 and self.times[1][0] <= self.cursor:
+                self.times.popleft()
+            seen = self.times[0][1] if self.times else now
+        else:
+            self.times.clear()
+            seen = now
+        frame = transport.dumps(("mark", self.cursor, seen))
+        for out in self.outs:
+            if not out.full:
+                out.put([frame])
+        self.next_mark = now + MARK_SECONDS
+
+    # -- replays ---------------------------------------------------------------------------------
+
+    def _requests(self, now: float) -> None:
+        asked = [transport.loads(m[0]) for m in transport.drain(self.control, 64)]
+        late = [who for _, started, who in asked if started >= self.replay_started]
+        if late:
+            self.log.info("replaying the journal for %s", ", ".join(sorted(set(late))))
+            self._replay(now)
+
+    def _replay(self, now: float) -> None:
+        """Forward the journal again from the writers' lowest checkpoint."""
+        self.replay_started = now
+        if self.journal is not None:
+            low = checkpoints.low_water(self.dir, self.writers)
+            start = self.journal.start if low is None else max(low, self.journal.start)
+            if start < self.cursor:
+                self.cursor = start
+                self.reading = None
+            self.replay_end = max(self.replay_end, self.end)
+            self.metrics.inc("replays")
+        frame = transport.dumps(("notice", now))
+        for out in self.outs:
+            out.put([frame])
+
+    # -- the journal's condition -------------------------------------------------------------------
+
+    def _housekeeping(self, now: float) -> None:
+        if self.journal is None:
+            return
+        if self.journal_failing:
+            self._retry_journal(now)
+        low = checkpoints.low_water(self.dir, self.writers)
+        if low is not None:
+            freed = self.journal.release(min(low, self.cursor))
+            if freed:
+                self.metrics.inc("journal_released_bytes", freed)
+        self.journal.sync(now)
+        self.metrics.set("journal_bytes", self.journal.size)
+        self.metrics.set("journal_unforwarded_bytes", self.end - self.cursor)
+
+    def _full(self, full: bool) -> None:
+        if full and self.full_since is None:
+            self.full_since = time.monotonic()
+            self.metrics.set("journal_full", 1)
+            self.log.error("the journal holds %d bytes, its bound (receiver.journal.max.bytes): "
+                           "not reading the socket until the destination takes more; the kernel "
+                           "drops what comes meanwhile and those records are reported missing",
+                           self.journal.size)
+        elif not full and self.full_since is not None:
+            self.log.warning("the journal has room again after %.0f s",
+                             time.monotonic() - self.full_since)
+            self.full_since = None
+            self.metrics.set("journal_full", 0)
+
+    def _journal_failed(self, exc: Exception, now: float) -> None:
+        self.metrics.inc("journal_errors")
+        if not self.journal_failing:
+            self.log.error("cannot write the journal: %s. Forwarding without it: a restart now "
+                           "loses what is in flight (reported missing). Retrying every second.",
+                           exc)
+        self.journal_failing = True
+        self.metrics.set("journal_failing", 1)
+        self.retry_at = now + 1.0
+
+    def _retry_journal(self, now: float) -> None:
+        """Try the journal again (at most once a second) once everything journaled went on."""
+        if now < getattr(self, "retry_at", 0.0) or self.cursor < self.journal.end:
+            return
+        self.retry_at = now + 1.0
+        try:
+            self.journal.close()
+            self.journal.open()
+        except JournalError as exc:
+            self.metrics.inc("journal_errors")
+            self.log.debug("journal still failing: %s", exc)
+            return
+        self.journal_failing = False
+        self.metrics.set("journal_failing", 0)
+        self.end = self.cursor = max(self.end, self.journal.end)
+        self.log.warning("journal writable again")
 
     def close(self):
+        if self.journal is not None:
+            self.journal.sync(float("inf"))
+            self.journal.close()
         self.sock.close()

@@ -6,6 +6,14 @@ A datagram that fails any step is counted by reason (diode_rejects_total) and dr
 stops the process and never yields a record. Each run (diode.runs) goes, undecoded, to the
 kafka_writer that owns its source partition (read from the run's header alone), so
 per-partition state lives in one process and no record is touched here.
+
+Each run goes with where it came from: the journal position of its datagram (of the first
+datagram of its fragment group or FEC block, which a replay must start from to rebuild it), the
+reader's clock when that was read, and whether it is a replay. The reader's marks go on to every
+writer, held back to the oldest datagram still buffered here for reassembly or recovery, so a
+writer never checkpoints past what a restart would need. A (re)started unpacker asks the reader
+for a replay (what it held died with its predecessor) and forwards no mark until the replay has
+begun (see stages.udp_reader).
 """
 
 import time
@@ -16,6 +24,9 @@ from diode.errors import RejectedDatagram
 from diode.records import partition_owner
 from diode.replay import ReplayWindow
 from diode.worker import Stage as BaseStage
+from stages.udp_reader import ask, request_replay
+
+ASK_AGAIN_SECONDS = 5.0
 
 
 class Stage(BaseStage):
@@ -35,12 +46,21 @@ class Stage(BaseStage):
             r.reassembly_timeout_ms / 1000)
         self.next_expire = 0.0
         self.fec = fec.BlockDecoder()
+        self.held: dict = {}  # ("fec" | "fragments", session, id) -> lowest journal position
+        self.started = time.monotonic()
+        self.asking = request_replay(ctx, self.started)
+        self.ask_again = self.started + ASK_AGAIN_SECONDS
+        self.trusted = False  # whether the reader has begun the replay this start asked for
 
     def step(self):
         now = time.monotonic()
         if now >= self.next_expire:
             self._expire_fragments(now)
             self.next_expire = now + 0.5
+        if not self.trusted and now >= self.ask_again:
+            # (asked as of now: a notice that answered the first ask may have been lost)
+            ask(self.asking, self.ctx.spec.name, now)
+            self.ask_again = now + ASK_AGAIN_SECONDS
         if not all(o.flush() for o in self.outs):
             time.sleep(0.001)
             return True
@@ -49,34 +69,68 @@ class Stage(BaseStage):
             return False
         if not got:
             return True
-        msgs = [([], [], []) for _ in self.outs]  # per writer: runs, heartbeat claims, beats
-        for datagrams in transport.drain(self.input, 8):
-            for datagram in datagrams:
-                self.unpack(datagram, msgs)
-        for out, (frames, claims, beats) in zip(self.outs, msgs):
-            if frames or claims or beats:
-                out.put([transport.dumps((claims, beats)), *frames])
+        # per writer: run frames, their origins, heartbeat claims, beats
+        msgs = [([], [], [], []) for _ in self.outs]
+        mark, notices = None, []
+        for frames in transport.drain(self.input, 8):
+            control = transport.loads(frames[0])
+            if control[0] == "data":
+                _, replayed, positions, seen = control
+                for position, datagram in zip(positions, frames[1:]):
+                    self.unpack(datagram, msgs, (position, seen, replayed))
+            elif control[0] == "mark":
+                if self.trusted:
+                    mark = (min(control[1], self._floor()), control[2])
+            elif control[0] == "notice":
+                notices.append(control[1])
+                if control[1] >= self.started:
+                    self.trusted = True
+        for out, (frames, origins, claims, beats) in zip(self.outs, msgs):
+            if frames or claims or beats or mark or notices:
+                out.put([transport.dumps((self.ctx.spec.index, origins, claims, beats, mark,
+                                          notices)), *frames])
         return True
 
-    def unpack(self, datagram, msgs) -> None:
-        """Open one datagram into the per-writer messages. Never raises."""
+    def _floor(self) -> float:
+        """The lowest journal position of a datagram still buffered for reassembly or FEC."""
+        for key in [k for k in self.held if not (
+                self.fec.holds(k[1], k[2]) if k[0] == "fec" else
+                self.reassembler.holds(k[1], k[2]))]:
+            del self.held[key]
+        return min(self.held.values(), default=float("inf"))
+
+    def _hold(self, kind: str, session: int, group: int, position: int) -> int:
+        """Remember the first journal position of a group being buffered; returns it."""
+        return self.held.setdefault((kind, session, group), position)
+
+    def unpack(self, datagram, msgs, origin) -> None:
+        """Open one datagram into the per-writer messages. Never raises. `origin`: (journal
+        position, reader clock when read, replayed)."""
         try:
-            h, payload = wire.unseal(datagram, self.keyring, self.replay)
+            # A datagram replayed from the journal passed the replay window when it first came
+            # (or it would not have been journaled twice): the records' dedup decides now.
+            h, payload = wire.unseal(datagram, self.keyring,
+                                     None if origin[2] else self.replay)
             if h.kind == wire.KIND_HEARTBEAT:
-                self._heartbeat(h, wire.decode_heartbeat(payload), msgs)
+                self._heartbeat(h, wire.decode_heartbeat(payload), msgs, origin)
                 return
             if h.kind == wire.KIND_PARITY:
-                self._parity(h, payload, msgs)
+                self._parity(h, payload, msgs, origin)
                 return
             if h.flags & wire.FLAG_FEC:
-                self._recovered(self.fec.data(h.session_id, h.routing_key, h.seq,
-                                              bytes(datagram), time.monotonic()), msgs)
+                recovered = self.fec.data(h.session_id, h.routing_key, h.seq, bytes(datagram),
+                                          time.monotonic())
+                if self.fec.holds(h.session_id, h.routing_key) or recovered:
+                    first = self._hold("fec", h.session_id, h.routing_key, origin[0])
+                    self._recovered(recovered, msgs, (first, *origin[1:]))
             if h.kind == wire.KIND_FRAGMENT:
-                payload = self.reassembler.add(h.session_id, fragments.parse(payload),
-                                               time.monotonic())
+                fragment = fragments.parse(payload)
+                payload = self.reassembler.add(h.session_id, fragment, time.monotonic())
                 self.metrics.inc("fragments")
+                first = self._hold("fragments", h.session_id, fragment.group_id, origin[0])
                 if payload is None:
                     return
+                origin = (first, *origin[1:])
                 payload = codec.decompress(h.compression, payload, self.record_limit)
                 self.metrics.inc("reassembled_records")
             found = runs.split_payload(payload)
@@ -90,10 +144,12 @@ class Stage(BaseStage):
         self.metrics.inc("datagrams")
         owners = len(msgs)
         for topic, partition, count, run in found:
-            msgs[partition_owner(topic, partition, owners)][0].append(run)
+            m = msgs[partition_owner(topic, partition, owners)]
+            m[0].append(run)
+            m[1].append(origin)
             self.metrics.inc("records", count)
 
-    def _parity(self, h, payload, msgs) -> None:
+    def _parity(self, h, payload, msgs, origin) -> None:
         try:
             parity = fec.decode_parity(payload)
         except ValueError as exc:
@@ -101,13 +157,16 @@ class Stage(BaseStage):
         if parity.block_id != h.routing_key:
             raise RejectedDatagram("decode_failed", "parity block id is not its routing key")
         self.metrics.inc("parity_datagrams")
-        self._recovered(self.fec.parity(h.session_id, parity, time.monotonic()), msgs)
+        recovered = self.fec.parity(h.session_id, parity, time.monotonic())
+        if self.fec.holds(h.session_id, parity.block_id) or recovered:
+            first = self._hold("fec", h.session_id, parity.block_id, origin[0])
+            self._recovered(recovered, msgs, (first, *origin[1:]))
 
-    def _recovered(self, datagrams, msgs) -> None:
+    def _recovered(self, datagrams, msgs, origin) -> None:
         """Datagrams rebuilt from parity: opened like any other (their own tags verify them)."""
         for datagram in datagrams:
             self.metrics.inc("fec_recovered")
-            self.unpack(datagram, msgs)
+            self.unpack(datagram, msgs, origin)
 
     def _expire_fragments(self, now: float) -> None:
         self.fec.expire(now)
@@ -118,11 +177,15 @@ class Stage(BaseStage):
                              "lost %d of them: dropped; the loss accounting reports it",
                              count, session, group, count - got)
         self.metrics.set("reassembly_bytes", self.reassembler.buffered_bytes)
+        self._floor()  # (forget the groups given up: `held` stays as small as the buffers)
 
-    def _heartbeat(self, h, beat, msgs) -> None:
+    def _heartbeat(self, h, beat, msgs, origin) -> None:
         """Claims go to the writers owning their partitions; the beat itself to writer 0."""
         self.metrics.inc("heartbeats")
+        _, seen, replayed = origin
         for t, p, start, last in beat["partitions"]:
-            msgs[partition_owner(t, p, len(msgs))][1].append((t, p, start, last))
-        beat["session"] = f"{h.session_id:016x}"
-        msgs[0][2].append(beat)
+            msgs[partition_owner(t, p, len(msgs))][2].append((t, p, start, last, seen,
+                                                              not replayed))
+        if not replayed:
+            beat["session"] = f"{h.session_id:016x}"
+            msgs[0][3].append(beat)

@@ -10,6 +10,6 @@
 - profile: py-spy on every diode worker, collapsed stacks, self time per stage;
 - udp: the UDP sink (counts or captures datagrams) and the replayer (sends a capture);
 - baselines: the plain processes diode is compared with (relay, consumer, producer);
-- e2e, sender, receiver: the measurement modes;
+- e2e, sender, receiver: the measurement modes; memory: RSS per worker over a reordering link;
 - report: the table per mode and the JSON line.
 """

@@ -12,6 +12,8 @@ TITLES = {
     "receiver": "receiver alone: a captured link replayed at `diode launch --side receiver`, "
                 "against a plain producer (from the first datagram / record until the last "
                 "record is in the destination)",
+    "memory": "memory: every diode process's RSS over one stream through a reordering "
+              "link-sim (from launch until the last record is in the destination)",
 }
 
 
@@ -170,3 +172,44 @@ def print_profiles(profiles: list, directory: str, file=sys.stdout) -> None:
             print(f"    {stage} ({s['samples']} samples):", file=file)
             for frame, n in s["top_self"]:
                 print(f"      {100 * n / max(1, s['samples']):5.1f}%  {frame}", file=file)
+
+
+def print_memory(result: dict, file=sys.stdout) -> None:
+    """--mode memory: per diode process, RSS after warm-up, at the end, the max, the change."""
+    def p(line=""):
+        print(line, file=file)
+
+    r = result["run"]
+    mem = r["memory"]
+    warm = mem["warm_up"]
+    mib = 1 << 20
+    p()
+    p("== " + TITLES["memory"])
+    p(f"{result['records']:,} records of {result['record_bytes']} B, link paced at "
+      f"{r['rate_mbps']:g} Mbit/s; link-sim holds back {100 * result['reorder']:g} % of "
+      f"datagrams and loses none; RSS read every {result['sample_seconds']:g} s")
+    p(f"delivered {r['received']:,} of {r['expected']:,} ({r['missing']} missing) in "
+      f"{r['seconds']:.1f} s ({rate(r)[0]:,.0f} records/s); ended: {r['ended']}")
+    if warm is None:
+        p("no sample after warm-up: no figures")
+        return
+    share = f"{100 * result['warm_up_share']:g} %"
+    p(f"warm-up: until {share} of the records had arrived ({warm['records']:,} at "
+      f"{warm['seconds']:.1f} s); {warm['samples_after']} samples after it. After warm-up: the "
+      f"peak while the next {share} arrived ({warm['samples_warm_window']} samples); end: the "
+      f"peak while the last {share} arrived ({warm['samples_end_window']} samples); flat: end "
+      f"and max within {100 * result['flat_within']:g} % of after-warm-up")
+    p(f"{'process':<28} {'warm-up MiB':>11} {'end MiB':>8} {'max MiB':>8} {'min MiB':>8} "
+      f"{'change':>7} {'max':>7}  verdict")
+    for name, w in mem["workers"].items():
+        end = "-" if w["end_bytes"] is None else f"{w['end_bytes'] / mib:.1f}"
+        change = "-" if w["change_pct"] is None else f"{w['change_pct']:+.1f}%"
+        p(f"{name:<28} {w['warm_up_bytes'] / mib:>11.1f} {end:>8} {w['max_bytes'] / mib:>8.1f} "
+          f"{w['min_bytes'] / mib:>8.1f} {change:>7} {w['max_pct']:>+6.1f}%  {w['verdict']}")
+    sim = r.get("link_sim", {})
+    p(f"link-sim: {sim.get('received', '?')} datagrams, {sim.get('reordered', '?')} held back, "
+      f"{sim.get('dropped', '?')} dropped; socket drops: link-sim {r['socket_drops']['link_sim']}, "
+      f"receiver {r['socket_drops']['receiver']}; reader rewinds: {r['rewinds']:.0f}")
+    if r.get("duplicates"):
+        p(f"duplicates: {r['duplicates']}")
+    p()

@@ -2,6 +2,7 @@
 
 import socket
 import struct
+import tempfile
 import time
 
 import pytest
@@ -26,6 +27,7 @@ def topology(**receiver_stages):
         "sender": {"kafka": {"bootstrap.servers": "x:1"}, "topics": ["t"],
                    "stages": {"packer": {"instances": 1}}},
         "receiver": {"kafka": {"bootstrap.servers": "x:1"},
+                     "journal.dir": tempfile.mkdtemp(prefix="diode-test-journal-"),
                      "stages": {k: {"instances": v} for k, v in receiver_stages.items()}},
     })
 
@@ -66,13 +68,22 @@ def valid_datagram(recs, session=1):
 
 
 def writer_messages(sock):
-    """What an unpacker sent a writer: (records, claims, beats) per message."""
+    """What an unpacker sent a writer: (records, claims, beats) per message (marks and
+    notices left out)."""
     out = []
     for frames in transport.drain(sock):
-        claims, beats = transport.loads(frames[0])
-        out.append(([r for f in frames[1:] for r in runs.Run.decode(f).records()], claims,
-                    beats))
+        _, origins, claims, beats, _, _ = transport.loads(frames[0])
+        assert len(origins) == len(frames) - 1
+        if len(frames) > 1 or claims or beats:
+            out.append(([r for f in frames[1:] for r in runs.Run.decode(f).records()], claims,
+                        beats))
     return out
+
+
+def datagrams_message(*datagrams, first=0):
+    """What the udp_reader sends an unpacker: datagrams read just now, at journal positions."""
+    return [transport.dumps(("data", False, list(range(first, first + len(datagrams))),
+                             time.monotonic())), *datagrams]
 
 
 def unpacker_with_writers(zctx, writers: int):
@@ -96,8 +107,8 @@ def test_unpacker_forwards_valid_records_and_counts_every_reject(zctx):
     wrong_key = wire.Sealer(crypto.SessionCipher(1, b"k" * 32, 9), "none").seal(b"x")
     flipped = bytearray(good)
     flipped[40] ^= 1
-    feed.send_multipart([b"", b"garbage" * 10, good[:20], bytes(flipped), wrong_key,
-                         good[:-1], good, good])  # the last one is a replay
+    feed.send_multipart(datagrams_message(b"", b"garbage" * 10, good[:20], bytes(flipped),
+                                          wrong_key, good[:-1], good, good))  # the last: replay
     run_until(u, lambda: u.metrics.get("rejects", reason="replayed") == 1)
     got = []
     for w in writers:
@@ -114,7 +125,7 @@ def test_unpacker_forwards_valid_records_and_counts_every_reject(zctx):
 def test_unpacker_sends_each_partition_to_its_owning_writer(zctx):
     u, writers, feed = unpacker_with_writers(zctx, 3)
     recs = [r for p in range(6) for r in records(4, partition=p)]
-    feed.send_multipart([valid_datagram(recs)])
+    feed.send_multipart(datagrams_message(valid_datagram(recs)))
     run_until(u, lambda: u.metrics.get("records") == 24)
     owners = {}
     for i, w in enumerate(writers):
@@ -136,7 +147,9 @@ def test_udp_reader_routes_by_key_and_drops_what_is_not_ours(zctx):
     for dg in datagrams + [b"", b"xx", b"\xd1\x0d\x07" + bytes(40)]:
         s.sendto(dg, ("127.0.0.1", t.link.port))
     run_until(r, lambda: r.metrics.get("datagrams") == 13)
-    routed = [sum((frames for frames in transport.drain(u)), []) for u in unpackers]
+    r.step()
+    routed = [[d for frames in transport.drain(u) for d in frames[1:]
+               if transport.loads(frames[0])[0] == "data"] for u in unpackers]
     assert sorted(routed[0]) == sorted(dg for dg in datagrams
                                        if wire.parse_header(dg).routing_key % 2 == 0)
     assert sorted(routed[1]) == sorted(dg for dg in datagrams
@@ -220,7 +233,8 @@ def test_hostile_datagrams_never_raise_never_yield_records_and_are_all_counted(d
     if HOSTILE is None:
         HOSTILE = _unpacker_for_fuzzing()
         HOSTILE.seen = valid_datagram(records(3), session=4242)
-        HOSTILE.unpack(HOSTILE.seen, [([], [], []) for _ in range(2)])  # accepted once
+        HOSTILE.unpack(HOSTILE.seen, [([], [], [], []) for _ in range(2)],
+                       (0, 0.0, False))  # accepted once
     u = HOSTILE
     good = u.seen
     kind = data.draw(st.sampled_from(["random", "truncated", "flipped", "replayed",
@@ -246,9 +260,9 @@ def test_hostile_datagrams_never_raise_never_yield_records_and_are_all_counted(d
                              data.draw(st.integers(0, 2**64 - 1)), 0).pack()
         dg = header + data.draw(st.binary(max_size=500))
     before = sum(v for (name, _), v in u.metrics.counters.items() if name == "rejects")
-    msgs = [([], [], []) for _ in range(2)]
-    u.unpack(dg, msgs)  # must not raise
-    assert all(not frames and not claims and not beats for frames, claims, beats in msgs)
+    msgs = [([], [], [], []) for _ in range(2)]
+    u.unpack(dg, msgs, (1, 0.0, False))  # must not raise
+    assert all(not frames and not claims and not beats for frames, _, claims, beats in msgs)
     after = sum(v for (name, _), v in u.metrics.counters.items() if name == "rejects")
     assert after == before + 1
     assert u.metrics.get("rejects", reason="internal_error") == 0
@@ -265,9 +279,11 @@ def test_writer_counts_and_drops_runs_it_cannot_decode_or_does_not_own(zctx):
     good = runs.from_records(records(3, partition=mine), 8)
     broken = bytearray(good)
     struct.pack_into("<q", broken, runs.HEADER_BYTES + 1 + 8, 0)  # offsets 0, 0, 2
-    feed.send_multipart([transport.dumps(([], [])), b"garbage", bytes(broken),
-                         runs.from_records(records(3, partition=theirs), 8), good])
-    run_until(w, lambda: w.metrics.get("rejects", reason="misrouted") == 1)
+    origin = (0, time.monotonic(), False)
+    feed.send_multipart([transport.dumps((0, [origin] * 4, [], [], None, [])), b"garbage",
+                         bytes(broken), runs.from_records(records(3, partition=theirs), 8), good])
+    run_until(w, lambda: w.metrics.get("rejects", reason="misrouted") == 1, timeout=15)
     assert w.metrics.get("rejects", reason="decode_failed") == 2
-    assert w.produced == 0 and len(w.backlog) == 1  # the good run waits for its topic
+    # the good run waits for its destination (there is none to read or write here)
+    assert w.produced == 0 and w.backlog_records == 3
     w.close()

@@ -316,3 +316,90 @@ def test_an_earlier_chains_records_arriving_after_a_new_chain_start_are_written_
     writes, missing, _ = feed(s, [old[1], new[0], old[0]])
     writes += s.expire(2.0).writes
     assert sorted(offs(writes)) == [0, 1, 2, 3, 4, 5] and missing == []
+
+
+# -- restarts --------------------------------------------------------------------------------
+
+def restarted(state, wait=1.0):
+    """The state a restarted writer resumes from its checkpoint (through JSON, as saved)."""
+    import json
+    return PartitionState.restore(json.loads(json.dumps(state.checkpoint())), wait)
+
+
+def live(run):
+    run.origin = (0, 0.0, False)
+    return run
+
+
+def replayed(run):
+    run.origin = (0, 0.0, True)
+    return run
+
+
+def test_a_restarted_state_drops_what_was_written_and_reports_what_came_while_down():
+    before = PartitionState(1.0)
+    sent = chain(range(20))
+    feed(before, sent[:10])
+    state = restarted(before)
+    # the journal replays what arrived before the restart: written already, dropped
+    writes, missing, _ = feed(state, [replayed(r) for r in sent[5:10]], t=5.0)
+    assert not writes and not missing and state.duplicates == 5
+    # records 10..14 were sent while no receiver read; live ones from 15 on show the gap
+    writes, missing, _ = feed(state, [live(r) for r in sent[15:]], t=5.0)
+    assert not writes
+    u = state.expire(6.5)
+    assert u.missing == [Missing(10, 14, "receiver-down")] and offs(u.writes) == \
+        list(range(15, 20))
+
+
+def test_after_a_restart_a_gap_among_replayed_records_is_the_link_s_not_the_restart_s():
+    before = PartitionState(1.0)
+    sent = chain(range(20))
+    feed(before, sent[:5])
+    state = restarted(before)
+    feed(state, [replayed(r) for r in sent[7:10]], t=1.0)   # 5, 6 lost on the link
+    feed(state, [live(r) for r in sent[10:12]], t=1.0)      # live records continue
+    u = state.expire(2.5)
+    assert u.missing == [Missing(5, 6, "gap")]
+    # live records followed on without a gap: a later loss is the link's again
+    feed(state, [live(r) for r in sent[14:]], t=3.0)
+    assert state.expire(4.5).missing == [Missing(12, 13, "gap")]
+
+
+def test_a_heartbeat_after_a_restart_reports_the_tail_sent_while_down():
+    before = PartitionState(1.0)
+    feed(before, chain(range(10)))
+    state = restarted(before)
+    state.heartbeat(0, 14, now=2.0, live=True)
+    assert state.expire(3.5).missing == [Missing(10, 14, "receiver-down")]
+
+
+def test_what_the_destination_holds_is_neither_written_again_nor_reported():
+    """Recovered from provenance headers (no checkpoint): up to 10 written, 11..12 reported
+    missing before the restart."""
+    state = PartitionState(1.0)
+    state.written_up_to(10)
+    state.reported([[11, 12]])
+    sent = chain(range(20))
+    writes, missing, filled = feed(state, [live(r) for r in sent], t=0.0)
+    u = state.expire(2.0)
+    assert offs(writes + u.writes) == list(range(11, 20))
+    assert filled == [11, 12]          # late records fill the range reported before
+    assert not missing and not u.missing
+    assert state.duplicates == 11
+
+
+def test_a_checkpoint_keeps_gaps_for_late_fills_and_its_size_is_bounded():
+    state = PartitionState(0.0)
+    sent = chain(range(0, 6000, 2), per_run=1)  # every other offset lost
+    feed(state, [live(r) for r in chain([0])])
+    for r in sent[1:]:
+        r.prev = r.offsets[0] - 1  # (each run names a lost predecessor)
+    feed(state, sent[1:], t=0.0)
+    state.expire(1.0)
+    saved = state.checkpoint()
+    assert len(saved["gaps"]) == 1000 and saved["gaps"][-1] == [5997, 5997]
+    again = restarted(state, wait=0.0)
+    late = chain([5997], start_chain=False)
+    _, _, filled = feed(again, late)
+    assert filled == [5997]

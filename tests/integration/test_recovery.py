@@ -1,0 +1,107 @@
+"""A receiver without a usable checkpoint learns from the destination cluster itself what it has
+written (the provenance headers of the last records) and what it has reported missing (the
+missing-records topic), on both brokers (Tansu's "latest" offset is short of the end)."""
+
+import json
+import time
+
+import pytest
+
+from diode.brokers import free_port
+from diode.errors import DiodeError
+from diode.recovery import last_reported, last_written
+from tests.conftest import RECENT_MS, create_topic, produce
+
+
+def written(source_topic: str, source_partition: int, offset: int, **record) -> dict:
+    """A destination record as the kafka_writer writes it: own headers, then provenance."""
+    return {"value": b"v%d" % offset, "key": b"k%d" % offset,
+            "headers": [("app", b"own"), ("sourceTopic", source_topic.encode()),
+                        ("sourcePartition", b"%d" % source_partition),
+                        ("sourceOffset", b"%d" % offset)], **record}
+
+
+def event(kind: str, topic: str, partition: int, first: int, last: int, at: int) -> dict:
+    value = {"type": kind, "sourceTopic": topic, "sourcePartition": partition,
+             "firstOffset": first, "lastOffset": last, "reason": "gap", "detectedAt": at}
+    return {"key": f"{topic}-{partition}".encode(), "value": json.dumps(value).encode(),
+            "timestamp": at}
+
+
+def test_last_written_finds_each_source_partition_where_the_writer_put_it(brokers):
+    destination = brokers[1]
+    settings = destination.client_config()
+    # two source partitions interleaved in one destination partition, the highest offset of
+    # one not last (a re-sent record), records of other pairs and without provenance around
+    create_topic(destination.bootstrap, "dst_a", 1)
+    records = []
+    for i in range(100):
+        records.append(written("a", 0, 3 * i, partition=0))
+        if i % 2:
+            records.append(written("a", 1, 1000 + i, partition=0))
+    records += [written("a", 0, 150, partition=0), written("b", 0, 5000, partition=0),
+                {"value": b"no provenance", "partition": 0}]
+    produce(destination.bootstrap, "dst_a", records)
+    assert last_written(settings, "dst_a", {("a", 0), ("a", 1), ("a", 7)}) == \
+        {("a", 0): 297, ("a", 1): 1099}
+
+    # source partition 3 written to a 2-partition topic: spread by key over both
+    create_topic(destination.bootstrap, "dst_b", 2)
+    produce(destination.bootstrap, "dst_b",
+            [written("b", 3, i) for i in range(200)] +
+            [written("b", 0, i, partition=0) for i in range(10)] +
+            [written("b", 1, i, partition=1) for i in range(20)])
+    assert last_written(settings, "dst_b", {("b", 0), ("b", 1), ("b", 3)}) == \
+        {("b", 0): 9, ("b", 1): 19, ("b", 3): 199}
+
+    assert last_written(settings, "dst_nothing", {("a", 0)}) == {}
+
+
+def test_last_written_reads_back_chunk_after_chunk_and_on_past_the_reported_end(brokers):
+    destination = brokers[1]
+    settings = destination.client_config()
+    create_topic(destination.bootstrap, "dst_c", 1)
+    # the last record of c[0] 5000 records before the end: several chunks back; c[1]'s last
+    # records batched together at the end (Tansu's "latest" is the start of that batch + 1)
+    produce(destination.bootstrap, "dst_c", [written("c", 0, i, partition=0) for i in range(10)])
+    for first in range(0, 5000, 1000):  # each call flushes: batches of at most 1000
+        produce(destination.bootstrap, "dst_c",
+                [written("c", 1, i, partition=0) for i in range(first, first + 1000)])
+    assert last_written(settings, "dst_c", {("c", 0), ("c", 1)}) == {("c", 0): 9, ("c", 1): 4999}
+    # not further back than max_scan records
+    assert last_written(settings, "dst_c", {("c", 0), ("c", 1)}, max_scan=3000) == \
+        {("c", 1): 4999}
+
+
+def test_last_reported_merges_the_missing_ranges_of_each_source_partition(brokers):
+    destination = brokers[1]
+    settings = destination.client_config()
+    create_topic(destination.bootstrap, "missing", 2)
+    before, since = RECENT_MS - 600_000, RECENT_MS
+    produce(destination.bootstrap, "missing", [
+        {**event("missing", "a", 0, 1, 4, before), "partition": 0},
+        {**event("missing", "a", 0, 20, 29, since), "partition": 0},
+        {**event("missing", "a", 0, 10, 19, since + 1), "partition": 1},
+        {**event("filled", "a", 0, 12, 12, since + 2), "partition": 1},
+        {**event("filled", "a", 2, 1, 9, since + 2), "partition": 1},
+        {**event("missing", "a", 0, 50, 59, since + 3), "partition": 0},
+        {**event("missing", "a-1", 0, 7, 7, since + 4), "partition": 1},
+        {"value": b"not an event", "partition": 0, "timestamp": since + 5},
+    ])
+    assert last_reported(settings, "missing", since_ms=since) == \
+        {("a", 0): [[10, 29], [50, 59]], ("a-1", 0): [[7, 7]]}
+    assert last_reported(settings, "missing") == \
+        {("a", 0): [[1, 4], [10, 29], [50, 59]], ("a-1", 0): [[7, 7]]}
+    assert last_reported(settings, "missing_nothing") == {}
+
+
+@pytest.mark.parametrize("call", [
+    lambda s: last_written(s, "dst", {("a", 0)}, timeout=3),
+    lambda s: last_reported(s, "missing", timeout=3)], ids=["last_written", "last_reported"])
+def test_an_unreachable_cluster_is_one_clear_error_within_the_timeout(call):
+    where = f"127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(DiodeError) as exc:
+        call({"bootstrap.servers": where})
+    assert time.monotonic() - started < 6
+    assert where in str(exc.value) and "3 s" in str(exc.value)

@@ -1,0 +1,25 @@
+"""diode.checkpoints: where a replay starts, whatever the writer count was."""
+
+from diode import checkpoints
+
+
+def test_replay_starts_at_the_lowest_writer_checkpoint_and_waits_for_every_writer(tmp_path):
+    d = str(tmp_path)
+    assert checkpoints.low_water(d, 2) is None  # no checkpoint yet: from the journal's start
+    checkpoints.save(d, 0, 5000, {("t", 0): {"frontier": 9}}, 2, 1, sync=True)
+    assert checkpoints.low_water(d, 2) is None  # writer 1 has none yet
+    checkpoints.save(d, 1, 3000, {("t", 1): {"frontier": 4}}, 2, 2, sync=False)
+    assert checkpoints.low_water(d, 2) == 3000
+    # one writer fewer after a restart: its file is not waited for, its partitions are found
+    assert checkpoints.low_water(d, 1) == 5000
+    found = {(t, p) for data in checkpoints.load_all(d) for t, p, _ in data["partitions"]}
+    assert found == {("t", 0), ("t", 1)}
+
+
+def test_a_damaged_checkpoint_is_left_out_not_fatal(tmp_path):
+    d = str(tmp_path)
+    checkpoints.save(d, 0, 10, {}, 2, 1, sync=False)
+    (tmp_path / "checkpoint-1.json").write_text("{not json")
+    assert [c["writer"] for c in checkpoints.load_all(d)] == [0]
+    assert checkpoints.low_water(d, 2) is None  # replay everything rather than guess
+    assert not list(tmp_path.glob("*.new"))     # saves are atomic: nothing half written
