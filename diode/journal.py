@@ -33,6 +33,7 @@ import math
 import os
 import re
 import struct
+import threading
 import time
 import zlib
 
@@ -140,6 +141,12 @@ class Journal:
         self._dir_dirty = False                # a segment was created since the last fsync
         self._last_sync = -math.inf
         self._broken: str | None = None
+        # Syncing on a thread of its own (start_syncing): the lock guards the fds and flags
+        # it shares with append(), never held across an fsync.
+        self._lock = threading.Lock()
+        self._syncer: threading.Thread | None = None
+        self._stop_syncing = threading.Event()
+        self.sync_error: JournalError | None = None  # the background fsync's last failure
 
     @property
     def size(self) -> int:
@@ -265,17 +272,18 @@ class Journal:
                 f"and a batch of {total} bytes does not fit; the forwarding side is behind or "
                 f"stopped (it releases what it has checkpointed): see why, or raise the "
                 f"journal's max bytes")
-        current = self._segments[-1]
-        if current[1] >= self.segment_bytes:
-            try:
-                self._create(begin)
-            except OSError as exc:
-                raise self._fail(f"create segment {self._path(begin)}", exc) from exc
+        with self._lock:
             current = self._segments[-1]
-        self._write(b"".join(parts), current)
-        current[1] += total
-        self.end = pos
-        self._dirty = True
+            if current[1] >= self.segment_bytes:
+                try:
+                    self._create(begin)
+                except OSError as exc:
+                    raise self._fail(f"create segment {self._path(begin)}", exc) from exc
+                current = self._segments[-1]
+            self._write(b"".join(parts), current)
+            current[1] += total
+            self.end = pos
+            self._dirty = True
         return positions
 
     def _write(self, buf: bytes, current: list[int]) -> None:
@@ -306,7 +314,7 @@ class Journal:
         segment) if `fsync_interval` seconds have passed since the last fsync. Call it from the
         loop after appending; it is cheap when there is nothing to do. Returns whether it
         synced."""
-        if self.fsync != "interval" or self._fd is None:
+        if self.fsync != "interval" or self._fd is None or self._syncer is not None:
             return False
         now = time.monotonic() if now is None else now
         if not (self._dirty or self._dir_dirty or self._unsynced):
@@ -316,6 +324,45 @@ class Journal:
         self._sync_all()
         self._last_sync = now
         return True
+
+    def start_syncing(self) -> None:
+        """Under policy "interval", fsync every `fsync_interval` seconds on a thread of its own
+        (os.fsync releases the GIL), so appending never waits for the disk: an fsync can take
+        longer than the socket buffer lasts. Its failures land in `sync_error`."""
+        if self.fsync != "interval" or self._syncer is not None or self._fd is None:
+            return
+        self._stop_syncing.clear()
+        self._syncer = threading.Thread(target=self._sync_loop, name="journal-fsync",
+                                        daemon=True)
+        self._syncer.start()
+
+    def _sync_loop(self) -> None:
+        while not self._stop_syncing.wait(self.fsync_interval):
+            with self._lock:  # take what needs syncing; the fsyncs run without the lock
+                if self._fd is None:
+                    return
+                rolled, self._unsynced = self._unsynced, []
+                current = os.dup(self._fd) if self._dirty else None
+                directory = os.dup(self._dir_fd) if self._dir_dirty else None
+                self._dirty = self._dir_dirty = False
+            try:
+                for fd in (*rolled, current, directory):
+                    if fd is not None:
+                        os.fsync(fd)
+            except OSError as exc:
+                self.sync_error = JournalError(
+                    f"journal {self.directory}: fsync failed ({describe(exc)}); datagrams "
+                    f"appended since the last fsync may not be on disk")
+            finally:
+                for fd in (*rolled, current, directory):
+                    if fd is not None:
+                        os.close(fd)
+
+    def _stop_syncer(self) -> None:
+        if self._syncer is not None:
+            self._stop_syncing.set()
+            self._syncer.join()
+            self._syncer = None
 
     def _sync_all(self) -> None:
         try:
@@ -403,6 +450,7 @@ class Journal:
 
     def close(self) -> None:
         """Fsync under policy "interval" (a clean stop loses nothing), close and unlock."""
+        self._stop_syncer()
         if self._fd is not None and self.fsync == "interval":
             try:
                 self._sync_all()

@@ -282,9 +282,15 @@ class Stage(BaseStage):
         saved = sorted(checkpoints.load_all(self.dir), key=lambda d: d["time_ms"])
         for data in saved:
             for topic, partition, state in data["partitions"]:
-                if self._owns(topic, partition):
-                    self.states[(topic, partition)] = PartitionState.restore(
-                        state, self.r.reorder_wait_ms / 1000, self.r.reorder_wait_max_ms / 1000)
+                if not self._owns(topic, partition):
+                    continue
+                if state.get("destination", self.destination(topic)) != self.destination(topic):
+                    self.log.warning("%s[%d] was written to %s, now to %s: starting it anew",
+                                     topic, partition, state["destination"],
+                                     self.destination(topic))
+                    continue
+                self.states[(topic, partition)] = PartitionState.restore(
+                    state, self.r.reorder_wait_ms / 1000, self.r.reorder_wait_max_ms / 1000)
         if saved:
             self.since_ms = saved[0]["time_ms"]
             self.log.info("resuming %d partition(s) from the checkpoints in %s",
@@ -368,7 +374,8 @@ class Stage(BaseStage):
         if low is None:
             self.next_checkpoint = now + interval
             return
-        snapshot = {tp: state.checkpoint() for tp, state in self.states.items()}
+        snapshot = {tp: {**state.checkpoint(), "destination": self.destination(tp[0])}
+                    for tp, state in self.states.items()}
         wait = self.t.supervisor.drain_timeout_seconds * 0.25 if final else FLUSH_SECONDS
         if self.producer.flush(wait) or self._flush_events(wait):
             self.next_checkpoint = now + min(0.5, interval)  # not acknowledged yet: soon again

@@ -134,6 +134,8 @@ class Stage(BaseStage):
                          self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2)
         self.buf = bytearray(MAX_DATAGRAM)
         self.journal = open_journal(self.t)
+        if self.journal is not None:
+            self.journal.start_syncing()  # (an fsync must not stop the socket being read)
         self.dir = self.t.resolve(self.t.receiver.journal_dir)
         self.end = self.journal.end if self.journal else 0   # next position
         self.cursor = self.end            # next position to forward
@@ -355,6 +357,9 @@ class Stage(BaseStage):
     def _housekeeping(self, now: float) -> None:
         if self.journal is None:
             return
+        if self.journal.sync_error is not None:
+            self._journal_failed(self.journal.sync_error, now)
+            self.journal.sync_error = None
         if self.journal_failing:
             self._retry_journal(now)
         low = checkpoints.low_water(self.dir, self.writers)
@@ -398,6 +403,7 @@ class Stage(BaseStage):
         try:
             self.journal.close()
             self.journal.open()
+            self.journal.start_syncing()
         except JournalError as exc:
             self.metrics.inc("journal_errors")
             self.log.debug("journal still failing: %s", exc)

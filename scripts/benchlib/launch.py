@@ -39,7 +39,9 @@ def topology(b: Bench, name: str, src: str, dst: str, topic: str, prefix: str, u
                    "start.position": "earliest", "dead.letter.topic": "",
                    "stages": stages(kafka_reader=args.readers, packer=args.packers,
                                     udp_sender=1)},
+        # a journal per run: each run's topics are new, a journal resumes old ones
         "receiver": {"kafka": {"bootstrap.servers": dst}, "topic.prefix": prefix,
+                     "journal.dir": f"{run_dir}/journal",
                      "stages": stages(udp_reader=1, unpacker=args.unpackers,
                                       kafka_writer=args.writers)},
         "supervisor": {"run.dir": run_dir, "drain.timeout.seconds": 10},

@@ -4,6 +4,7 @@ import errno
 import io
 import logging
 import os
+import time
 import zlib
 
 import pytest
@@ -317,3 +318,36 @@ def test_a_corrupt_older_segment_is_skipped_to_the_next(tmp_path, caplog):
     assert got == [0, 50, 200, 250]
     assert "skipping to the next segment" in caplog.text
     j.close()
+
+
+def test_background_syncing_fsyncs_on_its_own_thread_and_reports_failures(tmp_path,
+                                                                         monkeypatch):
+    """The udp_reader never waits for the disk: fsync runs on a thread every interval."""
+    import threading
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(threading.current_thread().name),
+                                                 real_fsync(fd)))
+    j = Journal(str(tmp_path), fsync="interval", fsync_interval=0.05)
+    j.open()
+    j.start_syncing()
+    j.append([b"x" * 100])
+    deadline = time.monotonic() + 5
+    while "journal-fsync" not in synced and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "journal-fsync" in synced
+    assert j.sync(time.monotonic() + 100) is False  # the thread does it, not the caller
+
+    def failing(fd):
+        raise OSError(errno.EIO, "I/O error")
+    monkeypatch.setattr(os, "fsync", failing)
+    j.append([b"y" * 100])
+    while j.sync_error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert j.sync_error is not None and "EIO" in str(j.sync_error)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    j.close()
+    again = Journal(str(tmp_path))
+    again.open()
+    assert [d for _, d in again.read(again.start)] == [b"x" * 100, b"y" * 100]
+    again.close()
