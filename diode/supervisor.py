@@ -48,6 +48,7 @@ class Worker:
         self.pid = 0
         self.state = State.STOPPED
         self.exits: deque = deque()  # monotonic times of unexpected exits
+        self.starts = 0              # forks so far: 1 is its first start, more a restart
         self.restart_at = 0.0
         self.stop_deadline = 0.0
 
@@ -184,11 +185,12 @@ class Supervisor:
 
     def _spawn(self, w: Worker) -> None:
         self.heartbeats.beat(w.slot)
+        w.starts += 1
         parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             worker.run(w.spec, self.t, self.run_dir, self.secrets, self.heartbeats, w.slot,
-                       parent, self.inherited)  # never returns
+                       parent, self.inherited, w.starts)  # never returns
         w.pid = pid
         w.to(State.RUNNING, f"pid {pid}")
 

@@ -66,6 +66,7 @@ class StageContext:
     secrets: Secrets
     zmq: zmq.Context
     metrics: Metrics
+    incarnation: int = 1  # how many times the supervisor has started this worker
     inherited: dict = field(default_factory=dict)  # what the stage's `prepare` made in the supervisor (a socket)
 
     @property
@@ -164,7 +165,8 @@ def _die_with_parent() -> None:
 
 
 def run(spec: WorkerSpec, topology: Topology, run_dir: str, secrets: Secrets,
-        heartbeats: Heartbeats, slot: int, parent_pid: int, inherited: dict) -> None:
+        heartbeats: Heartbeats, slot: int, parent_pid: int, inherited: dict,
+        incarnation: int = 1) -> None:
     """Child process entry point. Never returns. `inherited`: per stage type, what its
     `prepare` made; this worker keeps its own stage's and closes the rest."""
     code = 1
@@ -176,7 +178,8 @@ def run(spec: WorkerSpec, topology: Topology, run_dir: str, secrets: Secrets,
                     mine[name] = resource
                 else:
                     resource.close()
-        code = _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, mine)
+        code = _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, mine,
+                    incarnation)
     except DiodeError as exc:  # a condition we explain, not a bug: no traceback
         logging.getLogger(f"diode.{spec.name}").error("%s", exc)
     except BaseException:
@@ -186,7 +189,8 @@ def run(spec: WorkerSpec, topology: Topology, run_dir: str, secrets: Secrets,
         os._exit(code)
 
 
-def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherited) -> int:
+def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherited,
+         incarnation) -> int:
     flags = {"stop": False, "rewind": False}
 
     def on_stop(signum, frame):
@@ -212,7 +216,7 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherit
                       f"{run_dir}/metrics/{spec.side}-{spec.stage}-{spec.index}.prom")
     ctx = zmq.Context()
     stage = stage_class(spec.stage)(StageContext(topology, spec, run_dir, secrets, ctx, metrics,
-                                                 inherited))
+                                                 incarnation, inherited))
     proc = psutil.Process()
     try:
         stage.open()  # on failure the process exits: what it opened goes with it

@@ -57,14 +57,15 @@ from diode.worker import Stage as BaseStage
 from stages.udp_reader import ask, request_replay
 
 MAX_PARTITIONS = 10000
-MAX_SENT_RUNS = 2000         # runs produced and not yet known acknowledged, kept to name refusals
+MAX_SENT_RUNS = 256          # the runs produced last, kept to name a refused record (refusals come
+#                              within a round trip; each run holds its datagram in memory)
 MAX_BACKLOG_RECORDS = 20000  # records decoded and waiting for the producer; past it, no input
 MAX_EVENTS = 20000           # events (missing ranges, dead letters) waiting; past it, no input
 INPUT_MESSAGES = 16          # unpacker messages taken per step
 WRITER_LINGER_MS = 50        # librdkafka's linger.ms unless receiver.kafka sets it
 EXPIRE_SECONDS = 0.02       # waiting runs and claims are looked at this often
-ASK_AGAIN_SECONDS = 5.0      # a replay asked for and not begun yet is asked again
-FLUSH_SECONDS = 0.2          # a checkpoint waits this long at most (a step) for acknowledgements
+ASK_AGAIN_SECONDS = 1.0      # a replay asked for and not begun yet is asked again
+FLUSH_SECONDS = 2.0          # a checkpoint waits this long at most for acknowledgements
 RECOVER_AGAIN_SECONDS = 5.0  # the destination could not be read: try again after this
 TOPIC_GIVE_UP_SECONDS = 60.0  # a destination topic not creatable this long: dead letters
 # Errors after which a topic or a record will never be written, whatever the wait.
@@ -108,17 +109,18 @@ class Stage(BaseStage):
         self.backlog = deque()            # [run, next index, columns] not yet all produced
         self.backlog_records = 0          # records in the backlog
         self.states: dict = {}            # (topic, partition) -> PartitionState
-        self.last_beat = None             # when the last sender heartbeat arrived (writer 0)
+        self.last_beat = None             # reader's clock when the last heartbeat came (writer 0)
         self.fills: dict = {}             # (topic, partition) -> offsets filled late, this step
         self.beat_interval = 1.0
         self.link_silent = False
-        self.last_input = 0.0             # when input was last taken
         self.next_expire = 0.0
         # The reader's clock and journal position, per unpacker, from its marks: trusted once
         # the replay this start asked for has begun there (see stages.udp_reader).
         n = ctx.instances("unpacker")
         self.marks: list = [None] * n
-        self.trusted = [False] * n
+        # A first start lost nothing (what was sent to it waited for it: the reader replays
+        # the journal itself when it starts); a restart lost what its predecessor held.
+        self.trusted = [ctx.incarnation == 1] * n
         self.writers = ctx.instances("kafka_writer")
         self.durable = r.journal_enabled
         self.dir = self.t.resolve(r.journal_dir)
@@ -131,7 +133,7 @@ class Stage(BaseStage):
         if self.durable:
             self._restore()
         self.started = time.monotonic()
-        self.asking = request_replay(ctx, self.started)
+        self.asking = request_replay(ctx, self.started) if not all(self.trusted) else None
         self.ask_again = self.started + ASK_AGAIN_SECONDS
 
     def destination(self, topic: str) -> str:
@@ -197,7 +199,6 @@ class Stage(BaseStage):
 
     def _take_input(self) -> None:
         """Offer what the unpackers sent to the partitions' states."""
-        self.last_input = time.monotonic()
         for frames in transport.drain(self.input, INPUT_MESSAGES):
             index, origins, claims, beats, mark, notices = transport.loads(frames[0])
             if not self.trusted[index] and any(n >= self.started for n in notices):
@@ -377,9 +378,13 @@ class Stage(BaseStage):
         snapshot = {tp: {**state.checkpoint(), "destination": self.destination(tp[0])}
                     for tp, state in self.states.items()}
         wait = self.t.supervisor.drain_timeout_seconds * 0.25 if final else FLUSH_SECONDS
+        started = time.monotonic()
         if self.producer.flush(wait) or self._flush_events(wait):
-            self.next_checkpoint = now + min(0.5, interval)  # not acknowledged yet: soon again
+            # The destination is down or slow: not now. (Every flush sends what lingers at
+            # once, in small batches: retrying soon would cost what linger.ms saves.)
+            self.next_checkpoint = now + interval
             return
+        self.metrics.set("checkpoint_flush_seconds", time.monotonic() - started)
         self.sent.clear()
         try:
             checkpoints.save(self.dir, self.ctx.spec.index, int(low), snapshot, self.writers,
@@ -435,15 +440,13 @@ class Stage(BaseStage):
         self._report_fills()
         self.metrics.set("duplicates", sum(s.duplicates for s in self.states.values()))
         self.metrics.set("pending_records", sum(s.pending_records for s in self.states.values()))
-        now = time.monotonic()
-        # (the reader's marks come every few milliseconds: input not taken for a second means
-        # this writer was held up by the destination, not that the link fell silent)
+        # On the reader's clock too: a pipeline held up by the destination is not a silent link.
         if self.last_beat is not None and not self.link_silent and not self.stopping and \
-                now - self.last_beat > 3 * self.beat_interval and now - self.last_input < 1.0:
+                clock - self.last_beat > 3 * self.beat_interval:
             self.link_silent = True
             self.metrics.set("link_silent", 1)
             self.log.warning("no heartbeat from the sender for %.0f s: the link, the sender or "
-                             "its source cluster is down", now - self.last_beat)
+                             "its source cluster is down", clock - self.last_beat)
 
     def _event(self, kind, topic, partition, first, last, reason) -> None:
         """A missing range (or a late record filling one): logged, counted, and written to the
@@ -465,12 +468,12 @@ class Stage(BaseStage):
                                      json.dumps(event).encode(), None))
 
     def _beat(self, beat: dict) -> None:
-        now = time.monotonic()
+        seen = beat["seen"]  # the reader's clock when it was read
         if self.link_silent:
-            self.log.info("heartbeats again after %.0f s of silence", now - self.last_beat)
+            self.log.info("heartbeats again after %.0f s of silence", seen - self.last_beat)
             self.link_silent = False
             self.metrics.set("link_silent", 0)
-        self.last_beat = now
+        self.last_beat = max(seen, self.last_beat or seen)
         self.beat_interval = beat["interval_ms"] / 1000
         self.metrics.inc("heartbeats")
         if self.r.heartbeat_topic and len(self.event_queue) < MAX_EVENTS // 2:

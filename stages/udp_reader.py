@@ -23,8 +23,9 @@ Messages to an unpacker, a control frame first (pickled, ours alone):
 - ("notice", started): a replay started at `started`; a worker that asked for a replay before
   then has its lost input coming.
 
-Any worker of this side that (re)starts asks for a replay on the control endpoint; the reader
-replays from the lowest low water of the writers' checkpoints (diode.checkpoints). Without a
+The reader replays the journal when it starts, from the lowest low water of the writers'
+checkpoints (diode.checkpoints), and again whenever a restarted unpacker or writer asks on the
+control endpoint (a first start has lost nothing: what was sent to it waited for it). Without a
 journal (receiver.journal.enabled false) positions only count datagrams and nothing is replayed.
 """
 

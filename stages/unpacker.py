@@ -26,7 +26,7 @@ from diode.replay import ReplayWindow
 from diode.worker import Stage as BaseStage
 from stages.udp_reader import ask, request_replay
 
-ASK_AGAIN_SECONDS = 5.0
+ASK_AGAIN_SECONDS = 1.0
 
 
 class Stage(BaseStage):
@@ -47,10 +47,12 @@ class Stage(BaseStage):
         self.next_expire = 0.0
         self.fec = fec.BlockDecoder()
         self.held: dict = {}  # ("fec" | "fragments", session, id) -> lowest journal position
+        # A first start lost nothing (what was sent to it waited for it); a restart lost what
+        # its predecessor held, and asks the reader to replay it, trusting no mark until then.
         self.started = time.monotonic()
-        self.asking = request_replay(ctx, self.started)
+        self.trusted = ctx.incarnation == 1
+        self.asking = request_replay(ctx, self.started) if not self.trusted else None
         self.ask_again = self.started + ASK_AGAIN_SECONDS
-        self.trusted = False  # whether the reader has begun the replay this start asked for
 
     def step(self):
         now = time.monotonic()
@@ -83,6 +85,7 @@ class Stage(BaseStage):
                     mark = (min(control[1], self._floor()), control[2])
             elif control[0] == "notice":
                 notices.append(control[1])
+                mark = None  # (a mark from before a replay began must not follow its notice)
                 if control[1] >= self.started:
                     self.trusted = True
         for out, (frames, origins, claims, beats) in zip(self.outs, msgs):
@@ -188,4 +191,5 @@ class Stage(BaseStage):
                                                               not replayed))
         if not replayed:
             beat["session"] = f"{h.session_id:016x}"
+            beat["seen"] = seen
             msgs[0][3].append(beat)
