@@ -44,6 +44,11 @@ def cmd_check(args) -> int:
           f"datagrams up to {t.link.datagram_size_bytes} bytes, "
           f"{t.link.rate_mbps:g} Mbit/s{' (unpaced)' if not t.link.rate_mbps else ''}")
     print(f"security: {t.security.cipher}, compression: {t.compression}")
+    r = t.receiver
+    print(f"receive journal: {t.resolve(r.journal_dir)} (up to {r.journal_max_bytes} bytes, "
+          f"fsync {r.journal_fsync}, checkpoints every {r.checkpoint_interval_ms:g} ms)"
+          if r.journal_enabled else "receive journal: off (a receiver restart loses what is in "
+          "flight, reported missing)")
     for b in t.brokers:
         print(f"embedded {b.kind} broker {b.name or b.listen}: {b.listen} ({b.side} side)")
     print(f"{'process':<28} {'cpus':<10} endpoints")
@@ -75,11 +80,12 @@ def wiring(t, spec, run_dir):
         return [ep("packer", spec.index)], [ep("udp_sender", 0)]
     if spec.stage == "udp_sender":
         return [ep("udp_sender", 0)], [f"udp://{t.link.host}:{t.link.port}"]
+    replays = [ep("udp_reader", 0, "control")]  # (a restarted worker asks for a replay)
     if spec.stage == "udp_reader":
-        return [f"udp://{t.link.bind_address}:{t.link.port}"], each("unpacker")
+        return [f"udp://{t.link.bind_address}:{t.link.port}", *replays], each("unpacker")
     if spec.stage == "unpacker":
-        return [ep("unpacker", spec.index)], each("kafka_writer")
-    return [ep("kafka_writer", spec.index)], [t.receiver.kafka["bootstrap.servers"]]
+        return [ep("unpacker", spec.index)], each("kafka_writer") + replays
+    return [ep("kafka_writer", spec.index)], [t.receiver.kafka["bootstrap.servers"], *replays]
 
 
 def cmd_launch(args) -> int:
