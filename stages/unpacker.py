@@ -11,7 +11,7 @@ Each run goes with where it came from: the journal position of its datagram (of 
 datagram of its fragment group or FEC block, which a replay must start from to rebuild it), the
 reader's clock when that was read, and whether it is a replay. The reader's marks go on to every
 writer, held back to the oldest datagram still buffered here for reassembly or recovery, so a
-writer never checkpoints past what a restart would need. A (re)started unpacker asks the reader
+writer never checkpoints past what a restart would need. A restarted unpacker asks the reader
 for a replay (what it held died with its predecessor) and forwards no mark until the replay has
 begun (see stages.udp_reader).
 """
@@ -110,8 +110,8 @@ class Stage(BaseStage):
         """Open one datagram into the per-writer messages. Never raises. `origin`: (journal
         position, reader clock when read, replayed)."""
         try:
-            # A datagram replayed from the journal passed the replay window when it first came
-            # (or it would not have been journaled twice): the records' dedup decides now.
+            # A datagram replayed from the journal went through a replay window when it first
+            # came (this one may or may not have seen it): the writers' dedup decides now.
             h, payload = wire.unseal(datagram, self.keyring,
                                      None if origin[2] else self.replay)
             if h.kind == wire.KIND_HEARTBEAT:
