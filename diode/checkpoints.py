@@ -14,7 +14,10 @@ Each writer keeps one file, `checkpoint-<index>.json` in receiver.journal.dir, r
 """
 
 import json
+import logging
 import os
+
+log = logging.getLogger("diode.checkpoints")
 
 VERSION = 1
 
@@ -62,9 +65,9 @@ def load(directory: str, index: int) -> dict | None:
 
 
 def load_all(directory: str) -> list[dict]:
-    """Every writer's checkpoint in the directory (any writer count), unreadable ones left out
-    with their errors."""
-    found, errors = [], []
+    """Every writer's checkpoint in the directory (any writer count); an unreadable one is
+    left out and logged (its partitions then start from the destination's provenance)."""
+    found = []
     try:
         names = os.listdir(directory)
     except OSError:
@@ -74,7 +77,7 @@ def load_all(directory: str) -> list[dict]:
             try:
                 data = load(directory, int(name[len("checkpoint-"):-len(".json")]))
             except (ValueError, CheckpointError) as exc:
-                errors.append(str(exc))
+                log.warning("checkpoint left out: %s", exc)
                 continue
             if data is not None:
                 found.append(data)

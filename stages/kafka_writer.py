@@ -193,7 +193,6 @@ class Stage(BaseStage):
             return True
         self._flush()
         if self.durable:
-            self.next_checkpoint = 0.0
             self._checkpoint(time.monotonic(), final=True)
         return False
 
@@ -572,11 +571,7 @@ class Stage(BaseStage):
         self.backlog_records -= len(run) - start
         keys, values, own = run.key_list(), run.value_list(), run.header_lists()
         for i in range(start, len(run)):
-            headers = [*(own[i] if own is not None else ()),
-                       ("sourceTopic", run.topic.encode()),
-                       ("sourcePartition", b"%d" % run.partition),
-                       ("sourceOffset", b"%d" % run.offsets[i])]
-            self._dead_letter(topic, keys[i], values[i], headers, error)
+            self._dead_letter(topic, keys[i], values[i], _headers(run, i, own), error)
 
     def _dead_letter(self, topic: str, key, value, headers: list, error: str) -> None:
         """A record the destination will never take: to receiver.dead.letter.topic with why,
@@ -624,10 +619,7 @@ class Stage(BaseStage):
                 continue
             for i, (k, v) in enumerate(zip(keys, values)):
                 if v == value and k == key:
-                    return [*(own[i] if own is not None else ()),
-                            ("sourceTopic", run.topic.encode()),
-                            ("sourcePartition", b"%d" % run.partition),
-                            ("sourceOffset", b"%d" % run.offsets[i])]
+                    return _headers(run, i, own)
         return list(msg.headers() or [])
 
     def _source_partitions(self, source_topic: str) -> int:
@@ -680,6 +672,13 @@ class Stage(BaseStage):
         self.producer.flush(1)
         if self.events is not None:
             self.events.flush(1)
+
+
+def _headers(run: Run, i: int, own) -> list:
+    """Record i's headers as written: its own, then the provenance (the dead-letter paths; the
+    hot path builds the same in diode.kafka.produce_run)."""
+    return [*(own[i] if own is not None else ()), ("sourceTopic", run.topic.encode()),
+            ("sourcePartition", b"%d" % run.partition), ("sourceOffset", b"%d" % run.offsets[i])]
 
 
 MEANINGS = {"gap": "lost on the link", "tail": "sent before the last heartbeat, never arrived",

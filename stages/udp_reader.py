@@ -147,6 +147,7 @@ class Stage(BaseStage):
         self.next_mark = 0.0
         self.next_housekeeping = 0.0
         self.journal_failing = False
+        self.retry_at = 0.0               # when a failing journal is tried again
         self.full_since = None
         self.log.info("listening on udp %s:%d%s", link.bind_address, link.port,
                       f", journal in {self.dir}" if self.journal else ", no journal")
@@ -248,7 +249,6 @@ class Stage(BaseStage):
             self._journal_failed(exc, now)
             return [(self.end, k, d) for k, d in batch]
         self.end = self.journal.end
-        self.journal.sync(now)
         return [(p, k, d) for p, (k, d) in zip(positions, batch)]
 
     def _remember(self, position: int, now: float) -> None:
@@ -368,7 +368,6 @@ class Stage(BaseStage):
             freed = self.journal.release(min(low, self.cursor))
             if freed:
                 self.metrics.inc("journal_released_bytes", freed)
-        self.journal.sync(now)
         self.metrics.set("journal_bytes", self.journal.size)
         self.metrics.set("journal_unforwarded_bytes", self.end - self.cursor)
 
@@ -398,7 +397,7 @@ class Stage(BaseStage):
 
     def _retry_journal(self, now: float) -> None:
         """Try the journal again (at most once a second) once everything journaled went on."""
-        if now < getattr(self, "retry_at", 0.0) or self.cursor < self.journal.end:
+        if now < self.retry_at or self.cursor < self.journal.end:
             return
         self.retry_at = now + 1.0
         try:
@@ -416,6 +415,5 @@ class Stage(BaseStage):
 
     def close(self):
         if self.journal is not None:
-            self.journal.sync(float("inf"))
-            self.journal.close()
+            self.journal.close()  # (fsyncs first under policy interval)
         self.sock.close()
