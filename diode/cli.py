@@ -229,6 +229,8 @@ def main(argv=None) -> int:
         verify.add_parser(sub)
     except ImportError:  # pyspark is the `spark` extra
         pass
+    from diode.soak import run as soak
+    soak.add_parser(sub)
 
     args = parser.parse_args(argv)
     configure_logging(logging.DEBUG if args.verbose else logging.INFO)

@@ -5,8 +5,14 @@ runs, so this relay injects them itself, from a seeded random generator: uniform
 consecutive losses, reordering (a datagram held back while later ones overtake it), duplication,
 corruption (one flipped bit) and a fixed delay. `diode link-sim --help` for the options; it prints
 what it did as JSON when it stops.
+
+With `--control HOST:PORT` it also takes new fault settings while it runs (`diode soak` changes
+them on its schedule): each UDP datagram to that address is a JSON object of FaultSettings
+fields (`{"loss": 1.0}` takes the link down, `{}` restores the settings it started with); it
+answers each with the settings now in force, or an error.
 """
 
+import dataclasses
 import heapq
 import json
 import random
@@ -93,8 +99,14 @@ class Faults:
 class LinkSim:
     """The relay. `run(should_stop)` until should_stop() is true; `report()` after."""
 
-    def __init__(self, listen: tuple, forward: tuple, faults: Faults, rcvbuf: int = 1 << 25):
+    def __init__(self, listen: tuple, forward: tuple, faults: Faults, rcvbuf: int = 1 << 25,
+                 control: tuple | None = None):
         self.faults = faults
+        self.initial = faults.s
+        self.control = None
+        if control:
+            self.control = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self.control.bind(control)
         self.forward = forward
         self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
@@ -111,8 +123,11 @@ class LinkSim:
             timeout = 0.05
             if self._queue:
                 timeout = max(0.0, min(timeout, self._queue[0][0] - time.monotonic()))
-            readable, _, _ = select.select([self.rx], [], [], timeout)
-            if readable:
+            readable, _, _ = select.select([self.rx, *filter(None, [self.control])], [], [],
+                                           timeout)
+            if self.control in readable:
+                self._take_control()
+            if self.rx in readable:
                 for _ in range(256):
                     try:
                         n = self.rx.recv_into(buf)
@@ -124,6 +139,29 @@ class LinkSim:
                         heapq.heappush(self._queue, (now + delay, self._n, dg))
             self._send_due()
         self._send_due(flush=True)
+
+    def _take_control(self) -> None:
+        """Apply the settings in one control datagram (over those it started with) and answer
+        with the settings in force, or with the error."""
+        data, peer = self.control.recvfrom(65536)
+        try:
+            changes = json.loads(data)
+            if not isinstance(changes, dict):
+                raise ValueError("settings must be a JSON object")
+            known = {f.name: f.type for f in dataclasses.fields(FaultSettings)}
+            unknown = sorted(set(changes) - set(known))
+            if unknown:
+                raise ValueError(f"unknown settings {unknown}")
+            settings = dataclasses.replace(self.initial,
+                                           **{k: known[k](v) for k, v in changes.items()})
+            self.faults.s = settings
+            if "seed" in changes:  # a fault of its own: its own reproducible draws
+                self.faults.rng = random.Random(settings.seed)
+            answer = {"settings": asdict(settings)}
+            print(f"link-sim: {time.time():.3f} settings {json.dumps(changes)}", flush=True)
+        except (ValueError, TypeError) as exc:
+            answer = {"error": str(exc)}
+        self.control.sendto(json.dumps(answer).encode(), peer)
 
     def _send_due(self, flush: bool = False) -> None:
         now = time.monotonic()
@@ -138,6 +176,8 @@ class LinkSim:
         return {"settings": asdict(self.faults.s), "counts": asdict(self.faults.counts)}
 
     def close(self) -> None:
+        if self.control:
+            self.control.close()
         self.rx.close()
         self.tx.close()
 
@@ -159,7 +199,11 @@ def main(args) -> int:
         delay_ms=args.delay_ms, seed=args.seed)
     host, _, port = args.listen.rpartition(":")
     fhost, _, fport = args.forward.rpartition(":")
-    sim = LinkSim((host, int(port)), (fhost, int(fport)), Faults(settings))
+    control = None
+    if args.control:
+        chost, _, cport = args.control.rpartition(":")
+        control = (chost, int(cport))
+    sim = LinkSim((host, int(port)), (fhost, int(fport)), Faults(settings), control=control)
     deadline = time.monotonic() + args.duration if args.duration else float("inf")
     print(f"link-sim: {args.listen} -> {args.forward} {json.dumps(asdict(settings))}",
           flush=True)
@@ -197,4 +241,7 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds")
     p.add_argument("--report", help="also write the JSON report to this file")
+    p.add_argument("--control", metavar="HOST:PORT", help="take new fault settings while "
+                   "running: UDP datagrams of JSON FaultSettings fields ({} restores the "
+                   "starting ones); bind it to 127.0.0.1")
     p.set_defaults(func=main)

@@ -1,5 +1,6 @@
 """diode.linksim: the faults the link simulator injects are the ones asked for, reproducibly."""
 
+import json
 import socket
 import threading
 
@@ -75,3 +76,50 @@ def test_relay_forwards_over_udp_and_reports():
         sim.close()
     assert report["counts"]["received"] == 200
     assert sorted(got) == sorted(set(range(200)) - set(report["counts"]["dropped_indexes"]))
+
+
+def test_control_socket_takes_the_link_down_and_back_and_refuses_unknown_settings():
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    rx.settimeout(0.5)
+    ctl = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    ctl.bind(("127.0.0.1", 0))
+    control = ctl.getsockname()
+    ctl.close()
+    sim = LinkSim(("127.0.0.1", 0), rx.getsockname(), Faults(FaultSettings(seed=2)),
+                  control=control)
+    stop = threading.Event()
+    t = threading.Thread(target=sim.run, args=(stop.is_set,))
+    t.start()
+    me = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    me.settimeout(5)
+
+    def ask(text: bytes) -> dict:
+        me.sendto(text, control)
+        return json.loads(me.recv(65536))
+
+    def relayed(n: int) -> int:
+        for i in range(n):
+            me.sendto(b"%d" % i, ("127.0.0.1", sim.port))
+        got = 0
+        try:
+            while got < n:
+                rx.recv(100)
+                got += 1
+        except socket.timeout:
+            pass
+        return got
+
+    try:
+        assert relayed(20) == 20
+        assert ask(b'{"loss": 1.0}')["settings"]["loss"] == 1.0
+        assert relayed(20) == 0                      # the link is down
+        assert "unknown settings" in ask(b'{"los": 1}')["error"]
+        assert ask(b"not json").get("error")
+        assert sim.faults.s.loss == 1.0              # a refused change changes nothing
+        assert ask(b"{}")["settings"]["loss"] == 0.0  # back to the starting settings
+        assert relayed(20) == 20
+    finally:
+        stop.set()
+        t.join()
+        sim.close()

@@ -1,0 +1,90 @@
+"""`diode soak` as an operator runs it: a two-minute soak of the demo topology on Apache Kafka
+with a fault of every kind passes, record by record, and leaves its report; bad input is refused
+before anything starts."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from tests.conftest import ROOT
+
+KINDS = {"link-loss", "link-burst", "link-reorder", "link-duplicate", "link-corrupt",
+         "link-delay", "link-down", "kill-worker", "sender-restart", "receiver-restart",
+         "destination-pause", "destination-stop", "source-pause"}
+
+
+def soak(*args, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "diode", "soak", "--no-view", *map(str, args)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_two_minute_soak_with_every_fault_passes_record_by_record(tmp_path):
+    out = tmp_path / "report"
+    r = soak("--duration", "2m", "--rate", "400", "--sizes", "100:0.7,1000:0.25,20000:0.05",
+             "--report", out, "--seed", "3")
+    rep = json.loads((out / "report.json").read_text())
+    assert r.returncode == 0 and rep["passed"], (rep["failures"], r.stderr[-5000:])
+    assert rep["produced"] > 30000
+    assert rep["delivered"] + rep["missing_reported"] == rep["produced"]
+    for invariant in ("silent_loss", "false_missing", "duplicates", "corrupted",
+                      "unexplained_loss"):
+        assert rep[invariant] == 0, invariant
+    # every kind of fault ran, and the lossy ones did lose (and report) records
+    assert {f["kind"] for f in rep["faults"]} == KINDS
+    assert rep["missing_reported"] > 0 and rep["missing_reasons"]
+    assert all(f.get("ended") is not None for f in rep["faults"])
+    assert rep["worker_restarts"] >= 2  # the two kills
+    assert rep["memory"] and rep["latency"]
+    md = (out / "report.md").read_text()
+    for name in ("throughput", "latency", "backlog", "rss", "cpu"):
+        png = out / f"{name}.png"
+        assert png.stat().st_size > 10000 and png.name in md
+    assert "PASSED" in md
+
+
+def test_bad_input_is_refused_before_anything_starts(tmp_path):
+    faults = tmp_path / "faults.yaml"
+    cases = [
+        ("kind: link-flood", ["--duration", "2m"], "unknown"),
+        ("kind: link-loss\n    duration: 30s\n  - at: 110s\n    kind: link-down\n"
+         "    duration: 20s", ["--duration", "2m"], "after the soak"),
+    ]
+    for entry, extra, says in cases:
+        faults.write_text(f"faults:\n  - at: 10s\n    {entry}\n")
+        started = time.monotonic()
+        r = soak("--faults", faults, "--report", tmp_path / "never", *extra, timeout=60)
+        assert r.returncode == 2 and says in r.stderr, r.stderr
+        assert time.monotonic() - started < 30
+    r = soak("--rate", "10000", "--sizes", "100000", "--report", tmp_path / "never", timeout=60)
+    assert r.returncode == 2 and "link.rate.mbps" in r.stderr, r.stderr  # above the link's pace
+    r = soak("--rate", "200000", "--sizes", "100", "--report", tmp_path / "never", timeout=60)
+    assert r.returncode == 2 and "at most" in r.stderr, r.stderr  # above what can be produced
+    r = soak("--rate", "fast", "--report", tmp_path / "never", timeout=60)
+    assert r.returncode == 2 and "--rate" in r.stderr, r.stderr
+    assert not (tmp_path / "never").exists()
+
+
+def test_ctrl_c_stops_every_process_and_still_reports_what_ran(tmp_path):
+    out = tmp_path / "report"
+    proc = subprocess.Popen([sys.executable, "-m", "diode", "soak", "--no-view", "--duration",
+                             "10m", "--rate", "300", "--report", str(out)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not list((out / "run-sender" / "metrics").glob("*.prom")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.5)
+    time.sleep(15)
+    started = psutil.Process(proc.pid).children(recursive=True)
+    assert len(started) >= 5  # brokers, link-sim, the two launches and their workers
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-3000:]
+    assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    rep = json.loads((out / "report.json").read_text())
+    assert not rep["passed"] and any("interrupted" in f for f in rep["failures"])
+    assert rep["produced"] > 2000 and rep["silent_loss"] == 0 and rep["duplicates"] == 0
+    assert (out / "report.md").exists() and (out / "throughput.png").exists()
