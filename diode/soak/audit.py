@@ -43,6 +43,14 @@ def _reports(spark: SparkSession, bootstrap: str, topic: str, fmt: str) -> DataF
                     "reason"))
 
 
+def _exists(bootstrap: str, topic: str) -> bool:
+    """Whether the topic is there (the receiver creates the missing-records topic with its first
+    report: a soak that lost nothing has none)."""
+    from confluent_kafka.admin import AdminClient
+    topics = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=15).topics
+    return topic in topics
+
+
 def run(*, source: str, topics: list, destination: str, dest_pattern: str, missing_topic: str,
         lossy_windows_ms: list, started_ms: int, written_at: str = "writtenAt",
         fmt: str = "auto", master: str | None = None) -> dict:
@@ -77,7 +85,8 @@ def run(*, source: str, topics: list, destination: str, dest_pattern: str, missi
             F.count("*").alias("copies"), F.first("dKey").alias("dKey"),
             F.first("dValue").alias("dValue"), F.first("dHeaders").alias("dHeaders"),
             F.max(F.col("crcBad").cast("int")).alias("crcBad"))
-        reports = _reports(spark, destination, missing_topic, fmt) if missing_topic else None
+        reports = _reports(spark, destination, missing_topic, fmt) \
+            if missing_topic and _exists(destination, missing_topic) else None
         if reports is not None:
             flags = reports.groupBy(*KEY).agg(
                 F.max(F.when(F.col("type") == "missing", 1).otherwise(0)).alias("reported"),

@@ -129,6 +129,7 @@ class Traffic:
         self.failed = 0
         self.errors: list[str] = []
         self.behind = 0
+        self.producer = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="soak-traffic", daemon=True)
 
@@ -140,7 +141,9 @@ class Traffic:
         """Stop producing and wait up to `timeout` for the source's acknowledgements."""
         self._stop.set()
         self._thread.join()
-        self._flush(timeout)
+        if self.producer is not None:
+            self._flush(timeout)
+            self.producer = None  # (its threads would go on calling a stopped broker)
 
     def _run(self) -> None:
         from confluent_kafka import Producer
