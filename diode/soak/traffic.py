@@ -36,7 +36,9 @@ class Rate:
             for unit in ("mbit/s", "mbit", "mbps"):
                 if t.endswith(unit):
                     mbps = float(t[:-len(unit)])
-                    return Rate(mbps * 1e6 / 8 / mean_size, text) if mbps > 0 else Rate.bad(text)
+                    if mbps <= 0:
+                        raise Rate.bad(text)
+                    return Rate(mbps * 1e6 / 8 / mean_size, text)
             n = float(t.removesuffix("/s"))
         except ValueError:
             raise Rate.bad(text) from None

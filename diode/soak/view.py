@@ -11,10 +11,10 @@ PLAIN_EVERY = 10.0
 
 
 class View:
-    def __init__(self, soak, plan, live: bool = True):
+    def __init__(self, soak, plan, live: bool = True, console=None):
         self.soak, self.plan = soak, plan
         from rich.console import Console
-        self.console = Console(file=sys.stderr)
+        self.console = console or Console(file=sys.stderr)
         self.live = None
         if live and self.console.is_terminal:
             from rich.live import Live

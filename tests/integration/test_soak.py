@@ -9,6 +9,7 @@ import sys
 import time
 
 import psutil
+import yaml
 
 from tests.conftest import ROOT
 
@@ -20,6 +21,11 @@ KINDS = {"link-loss", "link-burst", "link-reorder", "link-duplicate", "link-corr
 def soak(*args, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "diode", "soak", "--no-view", *map(str, args)],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def _log_says(out, text: str) -> bool:
+    log = out / "soak.log"
+    return log.exists() and text in log.read_text()
 
 
 def test_two_minute_soak_with_every_fault_passes_record_by_record(tmp_path):
@@ -61,7 +67,12 @@ def test_bad_input_is_refused_before_anything_starts(tmp_path):
         assert time.monotonic() - started < 30
     r = soak("--rate", "10000", "--sizes", "100000", "--report", tmp_path / "never", timeout=60)
     assert r.returncode == 2 and "link.rate.mbps" in r.stderr, r.stderr  # above the link's pace
-    r = soak("--rate", "200000", "--sizes", "100", "--report", tmp_path / "never", timeout=60)
+    unpaced = yaml.safe_load((ROOT / "topology.yaml").read_text())
+    unpaced["link"]["rate.mbps"] = 0
+    unpaced["security"]["password.file"] = str(faults)
+    (tmp_path / "unpaced.yaml").write_text(yaml.safe_dump(unpaced))
+    r = soak(tmp_path / "unpaced.yaml", "--rate", "2000000", "--sizes", "100", "--report",
+             tmp_path / "never", timeout=60)
     assert r.returncode == 2 and "at most" in r.stderr, r.stderr  # above what can be produced
     r = soak("--rate", "fast", "--report", tmp_path / "never", timeout=60)
     assert r.returncode == 2 and "--rate" in r.stderr, r.stderr
@@ -74,7 +85,7 @@ def test_ctrl_c_stops_every_process_and_still_reports_what_ran(tmp_path):
                              "10m", "--rate", "300", "--report", str(out)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
-    while not list((out / "run-sender" / "metrics").glob("*.prom")):
+    while not _log_says(out, "sides up"):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
         time.sleep(0.5)
     time.sleep(15)
