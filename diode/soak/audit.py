@@ -77,9 +77,10 @@ def run(*, source: str, topics: list, destination: str, dest_pattern: str, missi
             verify._header(written_at, "long").alias("writtenAt") if written_at
             else F.lit(None).cast("long").alias("writtenAt"),
             F.unix_millis("timestamp").alias("dTimestamp"))
+        crc = F.try_element_at(F.filter("dHeaders", lambda h: h["key"] == F.lit(CRC_HEADER)),
+                               F.lit(1))["value"].cast("string")
         d = d.withColumn("crcBad", F.coalesce(
-            F.conv(F.try_element_at(F.filter("dHeaders", lambda h: h["key"] == F.lit(CRC_HEADER)),
-                                    F.lit(1))["value"].cast("string"), 16, 10).cast("long") != F.crc32("dValue"), F.lit(True)))
+            F.conv(crc, 16, 10).cast("long") != F.crc32("dValue"), F.lit(True)))
         d = d.persist(StorageLevel.MEMORY_AND_DISK)
         copies = d.groupBy(*KEY).agg(
             F.count("*").alias("copies"), F.first("dKey").alias("dKey"),

@@ -9,6 +9,7 @@ the verdict is about this soak's records only). At the end it drains the pipelin
 asks diode.soak.audit for the verdict on Spark.
 """
 
+import copy
 import dataclasses
 import datetime
 import json
@@ -65,6 +66,7 @@ class Launch:
     def __init__(self, side: str, topology: Path, run_dir: Path, log_path: Path):
         self.side, self.topology, self.run_dir, self.log_path = side, topology, run_dir, log_path
         self.proc = None
+        self.restarting = False  # a restart fault has it down on purpose
         self.start()
 
     def start(self) -> None:
@@ -227,6 +229,11 @@ class Soak:
                 problems.append(f"destination-stop at {sched.format_duration(f.start)}: Tansu "
                                 "keeps its records in memory and loses them when it stops; "
                                 "soak on Apache Kafka (--broker-kind kafka) or pause instead")
+        if t.sender.kafka.get("bootstrap.servers") == t.receiver.kafka.get("bootstrap.servers") \
+                and not t.receiver.topic_prefix:
+            problems.append("the source and the destination are one cluster and "
+                            "receiver.topic.prefix is empty: the soak would write its records "
+                            "back into the topics it reads")
         if problems:
             raise sched.ScheduleError("\n".join(problems))
         link_mbps = t.link.rate_mbps
@@ -297,7 +304,7 @@ class Soak:
         self._say(f"starting {len(self.brokers)} embedded broker(s)")
         embedded.start_all(list(self.brokers.values()))
         files = self._topologies(plan)
-        self._create_topics(plan, files)
+        self._create_topics(plan)
         ports = files.pop("ports")
         self.linksim = subprocess.Popen(
             [sys.executable, "-m", "diode", "link-sim", "--listen",
@@ -339,7 +346,7 @@ class Soak:
         """The sender's and the receiver's topology files for this soak, in the report
         directory: the link through link-sim, the brokers on their new ports, the soak's
         topics, the missing-records topic, the journal in the report directory."""
-        t, raw = plan.topology, json.loads(json.dumps(plan.raw))
+        t, raw = plan.topology, copy.deepcopy(plan.raw)
         ports = {"sim": embedded.free_port(socket.SOCK_DGRAM),
                  "receiver": embedded.free_port(socket.SOCK_DGRAM),
                  "control": embedded.free_port(socket.SOCK_DGRAM)}
@@ -370,7 +377,7 @@ class Soak:
             sec["password.file"] = str(secret)
         files = {"ports": ports}
         for side in ("sender", "receiver"):
-            data = json.loads(json.dumps(raw))
+            data = copy.deepcopy(raw)
             link = data.setdefault("link", {})
             link["host"] = "127.0.0.1"
             link["bind.address"] = "127.0.0.1"
@@ -380,7 +387,7 @@ class Soak:
             topo.load(files[side])  # still valid as rewritten
         return files
 
-    def _create_topics(self, plan: Plan, files: dict) -> None:
+    def _create_topics(self, plan: Plan) -> None:
         from confluent_kafka.admin import AdminClient
         from diode.kafka import create_topic
         admin = AdminClient(self._source_kafka(plan))
@@ -414,7 +421,7 @@ class Soak:
 
     def _check_alive(self) -> None:
         for side, launch in self.launches.items():
-            if not launch.alive() and not getattr(launch, "restarting", False):
+            if not launch.alive() and not launch.restarting:
                 self.failures.append(f"the {side} launch exited with {launch.proc.returncode} "
                                      f"(its log: {launch.log_path})")
                 self._say(self.failures[-1])
@@ -440,6 +447,7 @@ class Soak:
         except Exception as exc:  # noqa: BLE001 - a fault that cannot be applied fails the soak
             self.failures.append(f"fault {fault.describe()} could not be applied: {exc}")
             log.exception("fault %s", fault.describe())
+            self.stopping.set()  # what follows would not be the soak that was asked for
         entry["ended"] = round(time.monotonic() - self.t0, 2)
 
     def _apply(self, fault, entry: dict) -> None:

@@ -57,11 +57,11 @@ def test_a_one_core_machine_shares_its_core_and_says_how_far_it_goes():
 
 
 INTERRUPTS = """           CPU0       CPU1       CPU2       CPU3
- 28:          0          0 PCI-MSIX-0000:00:01.0   0-edge      virtio0-config
- 38:          0     103104          0          0 PCI-MSIX-0000:00:03.0   1-edge      virtio2-input.0
- 39:      78465          0          0          0 PCI-MSIX-0000:00:03.0   2-edge      virtio2-output.0
- 50:          0          0        12          0 PCI-MSIX-0000:00:06.0   1-edge      eth1-rx-0
- 51:          0          0          0        40 PCI-MSIX-0000:00:06.0   2-edge      eth1-tx-0
+ 28:          0          0 PCI-MSIX   0-edge      virtio0-config
+ 38:          0     103104          0          0 PCI-MSIX   1-edge      virtio2-input.0
+ 39:      78465          0          0          0 PCI-MSIX   2-edge      virtio2-output.0
+ 50:          0          0        12          0 PCI-MSIX   1-edge      eth1-rx-0
+ 51:          0          0          0        40 PCI-MSIX   2-edge      eth1-tx-0
 LOC:    9340354    9316139    9316139    9316139   Local timer interrupts
 """
 
