@@ -207,8 +207,6 @@ class Soak:
         duration = sched.parse_duration(a.duration)
         if duration < 60:
             raise DiodeError(f"--duration {a.duration}: a soak lasts at least 1m")
-        faults = (sched.load(a.faults, duration, a.seed) if a.faults
-                  else sched.default_schedule(duration, a.seed))
         mix = traffic.parse_sizes(a.sizes)
         rate = traffic.Rate.parse(a.rate, traffic.mean_size(mix)).records_per_second
         kinds = {b.side: b for b in t.brokers}
@@ -218,6 +216,17 @@ class Soak:
             bootstrap = getattr(t, side).kafka.get("bootstrap.servers", "")
             if b is not None and b.listen == bootstrap:
                 found[role] = (a.broker_kind or b.kind, b.listen)
+        if a.faults:
+            faults = sched.load(a.faults, duration, a.seed)
+        else:  # what cannot be injected here is left out, and said
+            cannot = {k for k, role in BROKER_FAULTS.items() if role not in found}
+            if found.get("destination", ("",))[0] == "tansu":
+                cannot.add("destination-stop")
+            if cannot:
+                self._say("the built-in schedule leaves out " + ", ".join(sorted(cannot))
+                          + ": the soak can pause and stop only the topology's embedded "
+                          "brokers, and stop only Apache Kafka")
+            faults = sched.default_schedule(duration, a.seed, frozenset(cannot))
         problems = []
         for f in faults:
             role = BROKER_FAULTS.get(f.kind)
@@ -263,6 +272,9 @@ class Soak:
         handler = logging.FileHandler(self.out / "soak.log")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         logging.getLogger("diode").addHandler(handler)
+        # the soak's own lines reach the terminal once, through _say
+        log.addHandler(handler)
+        log.propagate = False
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT,
                                                                    signal.SIGTERM)}
         self.started_at = time.time()
@@ -276,13 +288,17 @@ class Soak:
                 verdict = self._audit(plan)
         except DiodeError as exc:
             self.failures.append(str(exc))
-            log.error("%s", exc)
+            self._say(f"error: {exc}")
         finally:
             self._cleanup()
             for s, h in previous.items():
                 signal.signal(s, h)
+        try:
+            return self._report(plan, verdict)
+        finally:
             logging.getLogger("diode").removeHandler(handler)
-        return self._report(plan, verdict)
+            log.removeHandler(handler)
+            log.propagate = True
 
     def _on_signal(self, signum, frame) -> None:
         self.interrupts += 1

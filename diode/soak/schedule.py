@@ -286,9 +286,10 @@ CAPS = {"link-down": 15.0, "destination-stop": 45.0, "destination-pause": 45.0,
         "source-pause": 30.0, "receiver-restart": 5.0, "sender-restart": 2.0}
 
 
-def default_schedule(duration: float, seed: int) -> list:
+def default_schedule(duration: float, seed: int, leave_out: frozenset = frozenset()) -> list:
     """Every kind at least once (once per 20 minutes), link faults on one track and process
-    faults on another, the first tenth and the last 15 % (at least 25 s) of the soak quiet."""
+    faults on another, the first tenth and the last 15 % (at least 25 s) of the soak quiet;
+    without the kinds in `leave_out` (those the soak cannot inject here)."""
     if duration < MIN_DEFAULT_SECONDS:
         raise ScheduleError(f"the built-in schedule needs a soak of at least "
                             f"{format_duration(MIN_DEFAULT_SECONDS)}")
@@ -297,7 +298,7 @@ def default_schedule(duration: float, seed: int) -> list:
     cycles = max(1, int(duration // 1200))
     entries = []
     for track in (LINK_TRACK, PROCESS_TRACK):
-        faults = track * cycles
+        faults = [(kind, params) for kind, params in track if kind not in leave_out] * cycles
         slot = (last - first) / len(faults)
         for n, (kind, params) in enumerate(faults):
             length_key = KINDS[kind][0]
