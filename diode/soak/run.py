@@ -71,6 +71,7 @@ class Launch:
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.started = time.time()
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "diode", "launch", str(self.topology), "--side",
@@ -98,9 +99,11 @@ class Launch:
         return out
 
     def wait_ready(self, count: int, timeout: float = 60.0) -> None:
-        """Until `count` workers have written their first metrics (sockets and clients open)."""
+        """Until `count` workers of this start have written their metrics (sockets and clients
+        open; a restart's predecessors left theirs)."""
         deadline = time.monotonic() + timeout
-        while len(list((self.run_dir / "metrics").glob("*.prom"))) < count:
+        while sum(_mtime(f) >= self.started
+                  for f in (self.run_dir / "metrics").glob("*.prom")) < count:
             if not self.alive():
                 raise DiodeError(f"the {self.side} launch exited with {self.proc.returncode} "
                                  f"at start (its log: {self.log_path})")
@@ -130,6 +133,13 @@ class Launch:
             return [self.ps, *self.ps.children(recursive=True)]
         except psutil.Error:
             return []
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _kill(p) -> None:
