@@ -82,6 +82,11 @@ class PartitionState:
         # a chain start): not known written, not reported missing (the first records of a
         # chain, or an earlier chain's last, may simply arrive late: they are written).
         self.unknown: list = []
+        # Parts of `unknown` that a late run of an earlier chain showed were sent: the chain
+        # continued from that run's predecessor up to where this receiver joined (a sender
+        # restarts from its committed offsets, which never pass what it sent). [first, last,
+        # since]: reported missing unless filled within `wait` of `since`.
+        self.expected: list = []
         self.pending: dict = {}            # first offset -> run waiting for its predecessor
         self.pending_records = 0
         self._heap: list = []              # first offsets in pending
@@ -95,7 +100,8 @@ class PartitionState:
     def checkpoint(self) -> dict:
         """What a restart needs: the frontier and the ranges late records may still fill."""
         return {"frontier": self.frontier, "gaps": self.gaps[-CHECKPOINT_GAPS:],
-                "unknown": self.unknown[-CHECKPOINT_GAPS:], "wait": self.wait}
+                "unknown": self.unknown[-CHECKPOINT_GAPS:], "wait": self.wait,
+                "expected": [[first, last] for first, last, _ in self.expected]}
 
     @classmethod
     def restore(cls, saved: dict, wait: float, max_wait: float | None = None,
@@ -104,6 +110,8 @@ class PartitionState:
                     max_wait=max_wait, **limits)
         state.gaps = [list(g) for g in saved.get("gaps", [])]
         state.unknown = [list(g) for g in saved.get("unknown", [])]
+        # the wait starts again at the first expire() after the restart
+        state.expected = [[first, last, None] for first, last in saved.get("expected", [])]
         state.resumed = saved["frontier"] is not None
         return state
 
@@ -210,6 +218,8 @@ class PartitionState:
             if now - self._arrivals[0][0] < self.wait:
                 break
             self._force(u)
+        if self.expected:
+            self._expect_due(now, u)
         while self._claims and now - self._claims[0][0] >= self.wait:
             _, last, live = self._claims.popleft()
             while self._heap and self._heap[0] <= last:
@@ -226,7 +236,7 @@ class PartitionState:
     @property
     def busy(self) -> bool:
         """Whether expire() may have something to do."""
-        return bool(self.pending or self._claims)
+        return bool(self.pending or self._claims or self.expected)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -310,8 +320,8 @@ class PartitionState:
         unknown range) and is written, or is a duplicate."""
         if n == 0:
             return
-        if not (self._overlaps(self.gaps, run.offsets[0], run.offsets[n - 1]) or
-                self._overlaps(self.unknown, run.offsets[0], run.offsets[n - 1])):
+        if not any(self._overlaps(ranges, run.offsets[0], run.offsets[n - 1])
+                   for ranges in (self.gaps, self.unknown, self.expected)):
             self.duplicates += n  # the usual case: a copy of what was written
             return
         taken = []
@@ -325,6 +335,7 @@ class PartitionState:
                 u.filled.append(run.offsets[i])
         if taken:
             u.writes.append(run.take(taken))
+            self._expect(_key(run) + 1)
 
     @staticmethod
     def _overlaps(ranges: list, first: int, last: int) -> bool:
@@ -334,11 +345,41 @@ class PartitionState:
     def _fill(self, offset: int) -> str | None:
         """Take `offset` out of the reported gaps ("gap") or the unknown range ("unknown");
         None if it was in neither (a duplicate)."""
-        for kind, ranges in (("gap", self.gaps), ("unknown", self.unknown)):
+        for kind, ranges in (("gap", self.gaps), ("unknown", self.unknown),
+                             ("unknown", self.expected)):
             i = bisect.bisect_right(ranges, [offset, float("inf")]) - 1
             if i >= 0 and ranges[i][0] <= offset <= ranges[i][1]:
-                first, last = ranges[i]
-                ranges[i:i + 1] = [p for p in ([first, offset - 1], [offset + 1, last])
-                                   if p[0] <= p[1]]
+                first, last, *since = ranges[i]
+                ranges[i:i + 1] = [[a, b, *since] for a, b in ((first, offset - 1),
+                                                               (offset + 1, last)) if a <= b]
                 return kind
         return None
+
+    def _expect(self, floor: int) -> None:
+        """A run of an earlier chain arrived in the unknown range: its chain sent every offset
+        from `floor` up to where this receiver joined, so those still unknown are expected."""
+        keep = []
+        for first, last in self.unknown:
+            if last < floor:
+                keep.append([first, last])
+                continue
+            if first < floor:
+                keep.append([first, floor - 1])
+            bisect.insort(self.expected, [max(first, floor), last, self._now])
+        self.unknown = keep
+
+    def _expect_due(self, now: float, u: Update) -> None:
+        """Expected offsets that have not come within the wait: reported missing, as a gap."""
+        keep = []
+        for first, last, since in self.expected:
+            if since is None:
+                since = now
+            if now - since < self.wait:
+                keep.append([first, last, since])
+                continue
+            u.missing.append(Missing(first, last, "gap"))
+            bisect.insort(self._reports, (first, last, now, self.wait))
+            bisect.insort(self.gaps, [first, last])
+        del self._reports[:-self.max_gaps]
+        del self.gaps[:-self.max_gaps]
+        self.expected = keep

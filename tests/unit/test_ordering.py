@@ -317,6 +317,26 @@ def test_an_earlier_chains_records_arriving_after_a_new_chain_start_are_written_
     writes += s.expire(2.0).writes
     assert sorted(offs(writes)) == [0, 1, 2, 3, 4, 5] and missing == []
 
+def test_what_an_earlier_chain_lost_below_a_new_chain_start_is_reported_after_the_wait():
+    """As above, but part of the old chain is lost: the old chain's start shows that it sent
+    every offset up to the new chain's start (a sender restarts from committed offsets, never
+    past what it sent), so what did not come within the wait is reported, exactly, and a
+    restart in the meantime does not forget it (found by the property test above: 2 and 3 went
+    silently)."""
+    s = PartitionState(wait=1.0)
+    old = chain(range(4), per_run=2)   # [0, 1] starting a chain, then [2, 3]: lost
+    new = chain(range(4, 10), per_run=3)
+    writes, missing, _ = feed(s, [new[0], old[0], new[1]], t=0.0)
+    assert sorted(offs(writes)) == [0, 1, 4, 5, 6, 7, 8, 9] and missing == []
+    assert s.expire(0.5).missing == []  # still within the wait
+    s = restarted(s)
+    s.expire(10.0)  # the wait starts again after a restart
+    assert s.expire(10.5).missing == []
+    assert s.expire(11.0).missing == [Missing(2, 3, "gap")]
+    writes, _, filled = feed(s, old[1:], t=12.0)  # late after all: a fill, written once
+    assert offs(writes) == [2, 3] and filled == [2, 3]
+
+
 
 # -- restarts --------------------------------------------------------------------------------
 
