@@ -231,6 +231,8 @@ def main(argv=None) -> int:
         pass
     from diode.soak import run as soak
     soak.add_parser(sub)
+    from diode import tune
+    tune.add_parser(sub)
 
     args = parser.parse_args(argv)
     configure_logging(logging.DEBUG if args.verbose else logging.INFO)

@@ -16,11 +16,16 @@ The rule (the CPU guidance, docs/tuning.md):
 """
 
 import math
+import dataclasses
 import os
+import socket
 import subprocess
+import time
 from dataclasses import dataclass, field
 
-from diode.topology import PIPELINES, SINGLE_INSTANCE
+from diode import topology as topo
+from diode.errors import DiodeError
+from diode.topology import PIPELINES, SINGLE_INSTANCE, SIDES
 
 UTILISATION = 0.7
 MAX_INSTANCES = 64
@@ -205,3 +210,200 @@ def sysctl_advice(side: str, bytes_per_second: float, datagrams_per_second: floa
                                        "50 ms of the link in the socket buffer")
     return [(name, current.get(name), value, why) for name, (value, why) in wanted.items()
             if current.get(name) is not None and current[name] < value]
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+MEASURE_SECONDS = 12.0
+WARMUP_SECONDS = 4.0
+
+
+@dataclass
+class Measured:
+    record_bytes: int
+    rate: float                # records/s the measurement ran at
+    records: int               # records written while it was measured
+    datagrams: int             # datagrams sent meanwhile
+    cost_us: dict              # stage -> CPU µs per record (all its instances)
+    brokers: str               # where it ran: "embedded tansu", "configured clusters", ...
+
+
+def measure(t, record_bytes: int, seconds: float = MEASURE_SECONDS) -> Measured:
+    """Each stage's CPU per record on this machine, with the topology's own settings (datagram
+    size, cipher, compression, FEC, fragmenting): the pipeline runs for real, one instance per
+    stage, on embedded brokers, paced at half of what diode.capacity estimates its receiver
+    takes (so that nothing saturates and drops); each worker's CPU time (librdkafka's threads
+    included) over the records written meanwhile. The brokers' own CPU is not counted."""
+    import copy
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import psutil
+    import yaml
+
+    from diode import brokers as embedded
+    from diode import capacity
+    from diode.soak import traffic
+    from diode.soak.run import Counters, Launch
+
+    one = {side: {stage: {"instances": 1} for stage in PIPELINES[side]} for side in PIPELINES}
+    raw = yaml.safe_load(Path(t.path).read_text()) if t.path != "<memory>" else {}
+    estimate = capacity.measure_receiver(t, record_bytes)
+    estimate = dataclasses.replace(estimate, instances=dict.fromkeys(estimate.instances, 1))
+    datagrams_per_second = estimate.max_datagrams_per_second()[0] / 2
+    per_record_bytes = estimate.datagram_bytes / estimate.records_per_datagram
+    rate = datagrams_per_second * estimate.records_per_datagram
+    if t.link.rate_mbps:
+        rate = min(rate, t.link.rate_mbps * 1e6 / 8 / per_record_bytes * 0.8)
+    work = Path(tempfile.mkdtemp(prefix="diode-tune-"))
+    started, launches = [], {}
+    try:
+        src, dst = (embedded.make_broker("tansu", name, f"127.0.0.1:{embedded.free_port()}",
+                                         str(work / f"{name}.log")) for name in ("source",
+                                                                                  "destination"))
+        embedded.start_all([src, dst])
+        started += [src, dst]
+        topic = "diode-tune"
+        from confluent_kafka.admin import AdminClient
+        from diode.kafka import create_topic
+        create_topic(AdminClient(src.client_config()), topic, 4)
+        port = embedded.free_port(socket.SOCK_DGRAM)
+        data = copy.deepcopy(raw)
+        data.pop("brokers", None)
+        data.setdefault("sender", {}).update(
+            topics=[topic], **{"start.position": "earliest", "kafka": {
+                "bootstrap.servers": src.bootstrap}, "stages": one["sender"]})
+        data["sender"].pop("topics.regex", None)
+        data.setdefault("receiver", {}).update(
+            **{"kafka": {"bootstrap.servers": dst.bootstrap}, "stages": one["receiver"],
+               "journal.dir": str(work / "journal")})
+        link = data.setdefault("link", {})
+        link.update(host="127.0.0.1", port=port, **{"bind.address": "127.0.0.1",
+                                                     "rate.mbps": round(
+                                                         rate * per_record_bytes * 8 / 1e6 * 1.1,
+                                                         1)})
+        sec = data.setdefault("security", {})
+        for key in ("password.file", "key.file"):
+            if sec.get(key):
+                sec[key] = t.resolve(sec[key])
+        if not (sec.get("password.file") and Path(sec["password.file"]).exists()) and \
+                not sec.get("key.file") and not sec.get("password.env"):
+            (work / "password").write_text("diode tune\n")
+            sec["password.file"] = str(work / "password")
+        data.setdefault("supervisor", {}).pop("run.dir", None)
+        path = work / "topology.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        topo.load(path)
+        for side in ("receiver", "sender"):
+            launches[side] = Launch(side, path, work / f"run-{side}", work / f"{side}.log")
+            launches[side].wait_ready(len(PIPELINES[side]))
+        records = traffic.Records([topic], 4, [(record_bytes, 1.0)], seed=1)
+        flow = traffic.Traffic(src.client_config(), records, rate).start()
+        written = Counters([work / "run-receiver"], "kafka_writer", ("records",))
+        sent = Counters([work / "run-sender"], "udp_sender", ("datagrams",))
+        time.sleep(WARMUP_SECONDS)
+        before = (_cpu_by_stage(launches, psutil), written.sample()["records"],
+                  sent.sample()["datagrams"])
+        time.sleep(seconds)
+        after = (_cpu_by_stage(launches, psutil), written.sample()["records"],
+                 sent.sample()["datagrams"])
+        flow.stop(timeout=5)
+        n = after[1] - before[1]
+        if n <= 0:
+            raise DiodeError(f"no record crossed while measuring (logs in {work})")
+        cost = {stage: (after[0].get(stage, 0.0) - before[0].get(stage, 0.0)) / n * 1e6
+                for stage in after[0]}
+        return Measured(record_bytes, rate, int(n), int(after[2] - before[2]), cost,
+                        "embedded tansu")
+    finally:
+        for launch in launches.values():
+            if launch.alive():
+                launch.stop()
+        for b in started:
+            b.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _cpu_by_stage(launches: dict, psutil) -> dict:
+    """stage -> CPU seconds (user + system, all threads) of its live workers."""
+    out: dict = {}
+    for launch in launches.values():
+        for title, proc in launch.workers().items():
+            stage = title.split("/")[1].rsplit("-", 1)[0]
+            try:
+                out[stage] = out.get(stage, 0.0) + sum(proc.cpu_times()[:2])
+            except psutil.Error:
+                pass
+    return out
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+def advise(t, measured: Measured, rate: float, machine: Machine, facts: dict,
+           limit: float = UTILISATION) -> dict:
+    """What `diode tune` prints (and --json gives): per side its decision, and the sysctls."""
+    per_datagram = measured.records / max(1, measured.datagrams)
+    wire_bytes = t.link.datagram_size_bytes / max(per_datagram, 1e-9)
+    out = {"record_bytes": measured.record_bytes, "rate": rate,
+           "measured_at": round(measured.rate), "records_per_datagram": round(per_datagram, 2),
+           "utilisation": limit, "machine": {k: v for k, v in facts.items() if k != "busy"},
+           "sides": {}, "sysctl": []}
+    for side in SIDES:
+        costs = {s: measured.cost_us.get(s, 0.0) for s in PIPELINES[side]}
+        d = decide(side, costs, rate, machine, limit)
+        out["sides"][side] = {
+            "fits": d.fits, "max_rate": round(d.max_rate), "bottleneck": d.bottleneck,
+            "stages": {s: {"cost_us_per_record": round(costs[s], 3),
+                           "load_at_target": round(rate * costs[s] * 1e-6, 3),
+                           "instances": p.instances, "cores": sorted(set(p.cores))}
+                       for s, p in d.stages.items()}}
+        out["sysctl"] += [{"name": n, "now": now, "set": want, "why": why, "side": side}
+                          for n, now, want, why in sysctl_advice(
+                              side, rate * wire_bytes, rate / max(per_datagram, 1e-9),
+                              facts.get("sysctl", {}))]
+    return out
+
+
+def table(advice: dict) -> str:
+    lines = [f"{'stage':<14} {'µs/record':>10} {'load at target':>15} {'instances':>10}  cores"]
+    for side, s in advice["sides"].items():
+        lines.append(f"{side}: " + (f"fits at {advice['rate']:,.0f} records/s" if s["fits"]
+                                    else f"does not fit: at most {s['max_rate']:,} records/s "
+                                    f"here, limited by {s['bottleneck']}"))
+        for stage, p in s["stages"].items():
+            lines.append(f"  {stage:<12} {p['cost_us_per_record']:>10.2f} "
+                         f"{p['load_at_target']:>15.2f} {p['instances']:>10}  "
+                         f"{','.join(map(str, p['cores']))}")
+    for c in advice["sysctl"]:
+        lines.append(f"{c['side']}: sysctl -w {c['name']}={c['set']}  (now {c['now']}: "
+                     f"{c['why']})")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    import json
+    t = topo.load(args.topology)
+    rate = float(args.rate)
+    if rate <= 0:
+        raise DiodeError(f"--rate {args.rate}: records per second, above 0")
+    print(f"diode tune: measuring each stage's CPU per record with records of "
+          f"{args.record_size} bytes (about {MEASURE_SECONDS + WARMUP_SECONDS:.0f} s)",
+          flush=True)
+    measured = measure(t, args.record_size)
+    machine, facts = read_machine(t.link.host)
+    advice = advise(t, measured, rate, machine, facts, args.utilisation)
+    print(json.dumps(advice, indent=1) if args.json else table(advice))
+    return 0 if all(s["fits"] for s in advice["sides"].values()) else 1
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("tune", help="measure each stage's CPU per record here and say how many "
+                       "instances of each, on which cores, a rate needs (exit 1: it does not fit)")
+    p.add_argument("topology")
+    p.add_argument("--rate", required=True, help="target records per second")
+    p.add_argument("--record-size", type=int, default=200, help="value bytes (default 200)")
+    p.add_argument("--utilisation", type=float, default=UTILISATION,
+                   help=f"highest load of any core (default {UTILISATION})")
+    p.add_argument("--json", action="store_true", help="the same as JSON")
+    p.set_defaults(func=main)

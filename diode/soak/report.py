@@ -1,27 +1,51 @@
-"""The soak's report: memory slopes, latency per minute, the plots (matplotlib) and report.md.
+"""The soak's report: memory slopes, latency per minute, the plots (PNG) and report.md.
 
-Plots share one look: minutes since the start on the x-axis, each fault a vertical line at its
-start (a shaded span while it lasts), coloured by its category.
+Pure functions over what `diode soak` collected (the per-second timeline, the audit's latency
+buckets, the fault log); the only I/O is writing into the report directory. Pass/fail of the
+invariants is the caller's; memory_verdict() only turns slopes into readable failure lines.
+
+Every plot shares one look: minutes since the start on the x-axis, each fault a dashed vertical
+line at its start (and a shaded span while it lasts), coloured by its category, and one legend
+entry per category rather than per fault.
 """
 
 from pathlib import Path
 
-CATEGORIES = {"link": ("link fault", "tab:orange"), "kill": ("kill -9", "tab:red"),
-              "restart": ("side restart", "tab:purple"), "broker": ("broker paused/stopped",
-                                                                   "tab:brown")}
+from diode.soak.schedule import format_duration
+
 MIB = 2 ** 20
+# fault kind -> category; every "link-*" kind is "link"; anything else unknown is "other"
+CATEGORY_OF = {"kill-worker": "kill", "sender-restart": "restart", "receiver-restart": "restart",
+               "destination-pause": "broker", "destination-stop": "broker",
+               "source-pause": "broker"}
+# category -> (legend label, colour)
+CATEGORIES = {"link": ("link fault", "tab:orange"), "kill": ("worker killed", "tab:red"),
+              "restart": ("side restarted", "tab:purple"),
+              "broker": ("broker paused/stopped", "tab:brown"), "other": ("other fault", "grey")}
+INVARIANTS = ("silent_loss", "false_missing", "duplicates", "corrupted", "unexplained_loss")
+COUNTS = ("produced", "delivered", "missing_reported", *INVARIANTS)
+# fault log keys that are not the fault's parameters
+_NOT_PARAMS = {"kind", "start", "end", "duration", "seed", "at", "ended", "epoch"}
 
 
 def category(kind: str) -> str:
-    if kind.startswith("link-"):
-        return "link"
-    if kind == "kill-worker":
-        return "kill"
-    return "restart" if kind.endswith("-restart") else "broker"
+    return "link" if kind.startswith("link-") else CATEGORY_OF.get(kind, "other")
 
+
+def fault_span(fault: dict) -> tuple:
+    """(start, end) in seconds since the start: when it really ran ("at"/"ended", from the
+    fault log) if known, else when it was scheduled."""
+    start = fault.get("at", fault["start"])
+    if fault.get("ended") is not None:
+        return start, max(start, fault["ended"])
+    length = fault.get("duration", fault.get("end", fault["start"]) - fault["start"])
+    return start, start + (length or 0)
+
+
+# -- memory -----------------------------------------------------------------------------------
 
 def _series(timeline: list) -> dict:
-    """Per worker title: [(t, pid, rss bytes, cpu %)]."""
+    """Per worker title: [(t, pid, rss bytes, cpu %)] over the samples it appears in."""
     out: dict = {}
     for s in timeline:
         for title, w in s.get("workers", {}).items():
@@ -29,8 +53,18 @@ def _series(timeline: list) -> dict:
     return out
 
 
+def _lives(pts: list) -> list:
+    """A worker's samples split into incarnations (runs of one pid)."""
+    runs: list = []
+    for p in pts:
+        if not runs or runs[-1][-1][1] != p[1]:
+            runs.append([])
+        runs[-1].append(p)
+    return runs
+
+
 def _slope(points: list) -> float:
-    """Least-squares slope of (x, y)."""
+    """Least-squares slope of [(x, y)]."""
     n = len(points)
     mx = sum(x for x, _ in points) / n
     my = sum(y for _, y in points) / n
@@ -39,43 +73,47 @@ def _slope(points: list) -> float:
 
 
 def memory(timeline: list, warmup: float = 60.0) -> dict:
-    """Per worker title: start_mb, end_mb, max_mb, slope_mb_per_h, incarnations. The slope is
-    fitted on the worker's longest-lived process (one pid), after `warmup` seconds of it (or
-    its first tenth, if that leaves too little); under 10 points left, None."""
+    """Per worker title: {"start_mb", "end_mb", "max_mb", "slope_mb_per_h", "incarnations"}.
+
+    start_mb/end_mb: RSS (MiB, 1 decimal) in the worker's first and last sample. The slope is a
+    least-squares fit of RSS over time on the worker's longest-lived incarnation (samples with
+    one pid), so a restart's drop is not read as shrinking; it skips the first `warmup` seconds
+    of that incarnation (or its first 10 % if that leaves under 10 points). Under 10 points
+    left: slope None. incarnations: the number of distinct pids."""
     out = {}
     for title, pts in _series(timeline).items():
-        lives: dict = {}
-        for t, pid, rss, _ in pts:
-            lives.setdefault(pid, []).append((t, rss))
-        longest = max(lives.values(), key=lambda p: p[-1][0] - p[0][0])
-        begin = longest[0][0]
-        fit = [p for p in longest if p[0] - begin >= warmup]
+        life = max(_lives(pts), key=lambda run: run[-1][0] - run[0][0])
+        fit = [p for p in life if p[0] - life[0][0] >= warmup]
         if len(fit) < 10:
-            fit = longest[len(longest) // 10:]
+            fit = life[len(life) // 10:]
         slope = None
         if len(fit) >= 10:
-            slope = round(_slope([(t / 3600, rss / MIB) for t, rss in fit]), 2)
+            slope = round(_slope([(p[0] / 3600, p[2] / MIB) for p in fit]), 2)
         out[title] = {"start_mb": round(pts[0][2] / MIB, 1), "end_mb": round(pts[-1][2] / MIB, 1),
                       "max_mb": round(max(p[2] for p in pts) / MIB, 1),
-                      "slope_mb_per_h": slope, "incarnations": len(lives)}
+                      "slope_mb_per_h": slope, "incarnations": len({p[1] for p in pts})}
     return out
 
 
-def memory_verdict(mem: dict, max_slope_mb_per_h: float) -> list:
-    """Workers whose memory grew faster than the limit, one line each."""
+def memory_verdict(mem: dict, max_slope_mb_per_h: float) -> list[str]:
+    """Workers whose RSS grew faster than the limit, one readable line each
+    ("receiver/kafka_writer-0 grew 14.2 MB/h (limit 10)"); empty when all are flat."""
     return [f"{title} grew {m['slope_mb_per_h']:.1f} MB/h (limit {max_slope_mb_per_h:g})"
             for title, m in sorted(mem.items())
             if m["slope_mb_per_h"] is not None and m["slope_mb_per_h"] > max_slope_mb_per_h]
 
 
+# -- latency ----------------------------------------------------------------------------------
+
 def latency_per_minute(latency: list) -> list:
-    """The audit's latency buckets regrouped per minute; a minute's p50 and p99 are its buckets'
-    weighted by record count (an approximation of the minute's own percentiles)."""
+    """The audit's latency buckets regrouped per whole minute:
+    [{"minute", "count", "p50", "p99"}]. A minute's p50/p99 are its buckets' p50/p99 averaged
+    with each bucket weighted by its record count: an approximation, not the true percentile
+    of the minute's records. Buckets without records or percentiles are left out."""
     minutes: dict = {}
     for b in latency:
-        if b.get("p50") is None:
-            continue
-        minutes.setdefault(int(b["t"] // 60), []).append(b)
+        if b.get("p50") is not None and b.get("count"):
+            minutes.setdefault(int(b["t"] // 60), []).append(b)
     out = []
     for minute, buckets in sorted(minutes.items()):
         n = sum(b["count"] for b in buckets)
@@ -85,7 +123,12 @@ def latency_per_minute(latency: list) -> list:
     return out
 
 
-def _smooth(values: list, window: int) -> list:
+# -- plots ------------------------------------------------------------------------------------
+
+def _smooth(ts: list, values: list, seconds: float) -> list:
+    """Trailing mean over about `seconds`, given samples at times `ts`."""
+    step = (ts[-1] - ts[0]) / (len(ts) - 1) if len(ts) > 1 and ts[-1] > ts[0] else 1.0
+    window = max(1, round(seconds / step))
     out, total = [], 0.0
     for i, v in enumerate(values):
         total += v
@@ -95,142 +138,154 @@ def _smooth(values: list, window: int) -> list:
     return out
 
 
-def _rates(timeline: list, key: str) -> tuple:
+def _rate(timeline: list, key: str) -> tuple:
+    """(minutes, records/s smoothed over 5 s) from a cumulative counter."""
     ts, rates = [], []
     for a, b in zip(timeline, timeline[1:]):
         if b["t"] > a["t"]:
-            ts.append(b["t"] / 60)
+            ts.append(b["t"])
             rates.append(max(0.0, (b[key] - a[key]) / (b["t"] - a["t"])))
-    return ts, _smooth(rates, 5)
+    return [t / 60 for t in ts], _smooth(ts, rates, 5)
 
 
-def _faults(ax, faults: list) -> None:
-    seen = set()
+def _draw_faults(ax, faults: list) -> None:
+    shown = set()
     for f in faults:
         cat = category(f["kind"])
         label, colour = CATEGORIES[cat]
-        start = f.get("at", f["start"]) / 60
-        end = f.get("ended", f.get("end", f["start"]))
-        end = (end if "ended" in f else f.get("at", f["start"]) + f["duration"]) / 60
-        shown = None if cat in seen else label
-        seen.add(cat)
-        ax.axvline(start, color=colour, linestyle="--", linewidth=1, label=shown)
+        start, end = fault_span(f)
+        ax.axvline(start / 60, color=colour, linestyle="--", linewidth=1,
+                   label=None if cat in shown else label)
         if end > start:
-            ax.axvspan(start, end, color=colour, alpha=0.12)
+            ax.axvspan(start / 60, end / 60, color=colour, alpha=0.12, linewidth=0)
+        shown.add(cat)
 
 
 def plot(out_dir, timeline: list, latency: list, faults: list) -> dict:
-    """throughput.png, latency.png, backlog.png, rss.png, cpu.png in out_dir, with the faults
-    drawn; returns {name: file name}."""
+    """Writes throughput.png, latency.png, backlog.png, rss.png and cpu.png (1200x500 px) into
+    out_dir, the faults drawn on each; returns {name: file name}. A plot without data is still
+    written, with a "no data" note. Every figure is closed."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     out_dir = Path(out_dir)
     series = _series(timeline)
-    charts = {}
+    images = {}
 
     def chart(name: str, title: str, ylabel: str, draw) -> None:
         fig, ax = plt.subplots(figsize=(12, 5), dpi=100)
         try:
             if not draw(ax):
-                ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center")
-            _faults(ax, faults)
-            ax.set_title(title)
-            ax.set_xlabel("minutes since the start")
-            ax.set_ylabel(ylabel)
+                ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center",
+                        fontsize=14, color="grey")
+            _draw_faults(ax, faults)
+            ax.set(title=title, xlabel="minutes since the start", ylabel=ylabel)
             ax.grid(alpha=0.3)
-            handles, labels = ax.get_legend_handles_labels()
-            if handles:
-                ax.legend(loc="upper left", fontsize=8, ncol=2 if len(handles) > 8 else 1)
+            if ax.get_legend_handles_labels()[0]:  # beside the plot: 20 workers would hide it
+                ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1), fontsize=7,
+                          borderaxespad=0)
             fig.tight_layout()
             fig.savefig(out_dir / f"{name}.png")
-            charts[name] = f"{name}.png"
+            images[name] = f"{name}.png"
         finally:
             plt.close(fig)
 
-    def throughput(ax):
-        for key, label in (("produced", "produced"), ("delivered", "delivered")):
-            ts, rates = _rates(timeline, key)
-            ax.plot(ts, rates, label=label)
-        return len(timeline) > 1
+    def throughput(ax) -> bool:
+        if len(timeline) < 2:
+            return False
+        # produced wide and faint underneath: where the two agree, both stay visible
+        ax.plot(*_rate(timeline, "produced"), label="produced", linewidth=3, alpha=0.4)
+        ax.plot(*_rate(timeline, "delivered"), label="delivered", linewidth=1)
+        return True
 
-    def lat(ax):
+    def latency_lines(ax) -> bool:
         pts = [b for b in latency if b.get("p50") is not None]
         if not pts:
             return False
-        ts = [b["t"] / 60 for b in pts]
-        ax.plot(ts, [b["p50"] for b in pts], label="p50")
-        ax.plot(ts, [b["p99"] for b in pts], label="p99")
-        low = min(b["p50"] for b in pts) or 1
-        if max(b["p99"] for b in pts) / low > 100:
+        for key in ("p50", "p99"):
+            ax.plot([b["t"] / 60 for b in pts], [b[key] for b in pts], label=key)
+        lows = [b["p50"] for b in pts if b["p50"] > 0]
+        if lows and max(b["p99"] for b in pts) / min(lows) > 100:
             ax.set_yscale("log")
         return True
 
-    def backlog(ax):
+    def backlog(ax) -> bool:
         ax.plot([s["t"] / 60 for s in timeline], [s["backlog"] for s in timeline],
                 label="backlog")
         return bool(timeline)
 
-    def per_worker(index: int, scale: float, window: int):
-        def draw(ax):
+    def per_worker(index: int, scale: float, seconds: float):
+        def draw(ax) -> bool:
+            if len(series) > 10:
+                ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)
             for title, pts in sorted(series.items()):
-                ax.plot([p[0] / 60 for p in pts], _smooth([p[index] / scale for p in pts],
-                                                          window), label=title, linewidth=1)
+                xs, ys = [], []
+                for life in _lives(pts):  # a gap in the line where a restart was
+                    ts = [p[0] for p in life]
+                    xs += [t / 60 for t in ts] + [float("nan")]
+                    ys += _smooth(ts, [p[index] / scale for p in life], seconds) + [float("nan")]
+                ax.plot(xs, ys, label=title, linewidth=1)
             return bool(series)
         return draw
 
     chart("throughput", "throughput (records/s, 5 s mean)", "records/s", throughput)
-    chart("latency", "end-to-end latency (source timestamp to written)", "ms", lat)
-    chart("backlog", "backlog (produced, not yet written or reported)", "records", backlog)
-    chart("rss", "resident memory per worker", "MiB", per_worker(2, MIB, 1))
+    chart("latency", "end-to-end latency (source timestamp to written)", "ms", latency_lines)
+    chart("backlog", "backlog (produced, not yet written or reported missing)", "records",
+          backlog)
+    chart("rss", "resident memory per worker", "MiB", per_worker(2, MIB, 0))
     chart("cpu", "CPU per worker (10 s mean)", "% of one core", per_worker(3, 1, 10))
-    return charts
+    return images
 
+
+# -- report.md --------------------------------------------------------------------------------
 
 def _mss(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
+def _shown(value) -> str:
+    return "-" if value is None else str(value)
+
+
 def write_markdown(out_dir, report: dict, images: dict) -> str:
-    """report.md: verdict, command, figures, faults, memory, latency and the plots."""
+    """Writes out_dir/report.md (verdict, command, counts against their invariants, why it
+    failed, faults, memory, latency, then the plots) and returns its path."""
     r = report
-    verdict = "PASSED" if r.get("passed") else "FAILED"
-    lines = [f"# Soak report: {verdict}", "", "```", r.get("command", ""), "```", "",
-             f"Started {r.get('started_at')}, {r.get('duration', 0) / 60:g} minutes of "
-             f"traffic at {r.get('rate', 0):.0f} records/s (sizes {r.get('sizes')}), "
-             f"{len(r.get('faults', []))} faults, {r.get('worker_restarts', 0)} worker restarts.",
-             "", "| figure | value | must be |", "| --- | ---: | --- |"]
-    for name in ("produced", "delivered", "missing_reported", "late_filled", "silent_loss",
-                 "false_missing", "duplicates", "corrupted", "unexplained_loss"):
-        must = "0" if name in ("silent_loss", "false_missing", "duplicates", "corrupted",
-                               "unexplained_loss") else ""
-        lines.append(f"| {name} | {r.get(name)} | {must} |")
+    lines = [f"# Soak report: {'PASSED' if r.get('passed') else 'FAILED'}", "",
+             "```", r.get("command", ""), "```", "",
+             f"Started {r.get('started_at', '-')}, for {format_duration(r.get('duration') or 0)}"
+             + (f" at {r['rate']:g} records/s" if r.get("rate") else "")
+             + f", {len(r.get('faults', []))} faults, {r.get('worker_restarts', 0)} worker "
+             "restarts.", "", "| count | value | must be |", "| --- | ---: | --- |"]
+    lines += [f"| {name} | {_shown(r.get(name))} | {'0' if name in INVARIANTS else ''} |"
+              for name in COUNTS]
     if r.get("failures"):
-        lines += ["", "Failed:", ""] + [f"- {f}" for f in r["failures"]]
-    if r.get("missing_reasons"):
-        lines += ["", "Missing by reason: " + ", ".join(
-            f"{k or '-'} {v}" for k, v in sorted(r["missing_reasons"].items()))]
+        lines += ["", "Failed because:", ""] + [f"- {f}" for f in r["failures"]]
+
     lines += ["", "## Faults", "", "| at | kind | lasted | parameters |",
               "| --- | --- | ---: | --- |"]
     for f in r.get("faults", []):
-        params = ", ".join(f"{k}={v}" for k, v in f.items() if k not in (
-            "kind", "start", "end", "duration", "seed", "at", "epoch", "ended") and v is not None)
-        lasted = f.get("ended", f.get("at", 0)) - f.get("at", 0)
-        lines.append(f"| {_mss(f.get('at', f['start']))} | {f['kind']} | {lasted:.1f} s | "
-                     f"{params} |")
+        start, end = fault_span(f)
+        params = ", ".join(f"{k}={v}" for k, v in f.items()
+                           if k not in _NOT_PARAMS and v is not None)
+        lines.append(f"| {_mss(start)} | {f['kind']} | {end - start:.1f} s | {params} |")
+
     lines += ["", "## Memory per worker", "",
               "| worker | start MiB | end MiB | max MiB | slope MB/h | processes |",
               "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for title, m in sorted(r.get("memory", {}).items()):
-        slope = "-" if m["slope_mb_per_h"] is None else f"{m['slope_mb_per_h']:.1f}"
-        lines.append(f"| {title} | {m['start_mb']} | {m['end_mb']} | {m['max_mb']} | {slope} | "
-                     f"{m['incarnations']} |")
-    if not r.get("memory_judged"):
-        lines += ["", "(Memory slopes are judged on soaks of 10 minutes or more.)"]
-    lat = r.get("latency_overall") or {}
-    if lat.get("p50") is not None:
-        lines += ["", f"End-to-end latency over the soak: p50 {lat['p50']} ms, p99 {lat['p99']} "
-                  f"ms, max {lat['max']} ms."]
+        slope = "-" if m["slope_mb_per_h"] is None else f"{round(m['slope_mb_per_h'], 1) + 0.0}"
+        lines.append(f"| {title} | {m['start_mb']} | {m['end_mb']} | {m['max_mb']} | {slope} "
+                     f"| {m['incarnations']} |")
+    if r.get("memory_judged") is False:
+        lines += ["", "(Memory slopes are judged only on uninterrupted soaks of 10 minutes or "
+                  "more.)"]
+
+    overall = r.get("latency_overall") or {}
+    if overall.get("p50") is not None:
+        lines += ["", "## Latency", "", f"End-to-end over the soak: p50 {overall['p50']} ms, "
+                  f"p99 {overall['p99']} ms, max {_shown(overall.get('max'))} ms."]
     for name, file in images.items():
         lines += ["", f"## {name}", "", f"![{name}]({file})"]
     path = Path(out_dir) / "report.md"

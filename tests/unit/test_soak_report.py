@@ -1,21 +1,24 @@
 """diode.soak.report: memory slopes that tell growth from restarts and warm-up, latency per
-minute, plots that are written and readable, and a report.md that says the verdict and why."""
+minute weighted by records, plots that are written and readable with or without data, and a
+report.md that says the verdict, why, and every fault."""
 
 import matplotlib.image
 
 from diode.soak import report
 
 MIB = 2 ** 20
+KINDS = ("throughput", "latency", "backlog", "rss", "cpu")
 
 
 def timeline(workers, seconds=3600, step=10):
-    """Samples every `step` s; `workers` maps a title to f(t) -> (pid, rss bytes)."""
+    """Samples every `step` s; `workers` maps a title to f(t) -> (pid, rss bytes), or None
+    while the worker is absent."""
     out = []
     for t in range(0, seconds + 1, step):
         ws = {}
         for title, f in workers.items():
-            pid, rss = f(t)
-            ws[title] = {"pid": pid, "rss": rss, "cpu": 20.0}
+            if (sample := f(t)) is not None:
+                ws[title] = {"pid": sample[0], "rss": sample[1], "cpu": 20.0 + t % 7}
         out.append({"t": float(t), "produced": 1000 * t, "delivered": 990 * t, "missing": t,
                     "backlog": 9 * t, "restarts": 0, "workers": ws})
     return out
@@ -27,53 +30,88 @@ def test_memory_slopes_see_growth_not_restarts_or_warm_up():
         "receiver/leak": lambda t: (2, 50 * MIB + 10 * MIB * t / 3600),
         # warm-up: 30 MiB in its first minute, flat after
         "receiver/warm": lambda t: (3, 20 * MIB + min(t, 60) * MIB // 2),
-        # killed at 20 min: its second life starts small and stays flat
-        "receiver/killed": lambda t: (4, 80 * MIB) if t < 1200 else (5, 40 * MIB),
+        # killed at 20 min, absent 30 s, then a second life that starts small and stays flat
+        "receiver/killed": lambda t: (4, 80 * MIB) if t < 1200 else
+        None if t < 1230 else (5, 40 * MIB),
+        # seen in 5 samples only: too few to fit
+        "sender/brief": lambda t: (6, 30 * MIB + t * MIB) if t < 50 else None,
     }))
     assert abs(mem["receiver/flat"]["slope_mb_per_h"]) < 1
     assert 9 <= mem["receiver/leak"]["slope_mb_per_h"] <= 11
     assert abs(mem["receiver/warm"]["slope_mb_per_h"]) < 1
+    assert mem["receiver/warm"]["max_mb"] == 50
     killed = mem["receiver/killed"]
     assert killed["incarnations"] == 2 and abs(killed["slope_mb_per_h"]) < 1
     assert killed["start_mb"] == 80 and killed["end_mb"] == 40
+    assert mem["sender/brief"]["slope_mb_per_h"] is None
     assert report.memory_verdict(mem, 5) == ["receiver/leak grew 10.0 MB/h (limit 5)"]
+    assert report.memory_verdict(mem, 20) == []
 
 
 def test_latency_per_minute_weights_buckets_by_records():
     buckets = [{"t": 0, "p50": 10, "p99": 100, "count": 300},
                {"t": 30, "p50": 20, "p99": 200, "count": 100},
-               {"t": 60, "p50": 5, "p99": 50, "count": 10}]
+               {"t": 60, "p50": 5, "p99": 50, "count": 10},
+               {"t": 120, "p50": None, "p99": None, "count": 0}]
     assert report.latency_per_minute(buckets) == [
         {"minute": 0, "count": 400, "p50": 12.5, "p99": 125.0},
         {"minute": 1, "count": 10, "p50": 5.0, "p99": 50.0}]
+    assert report.latency_per_minute([]) == []
 
 
-def test_plots_are_written_and_readable_with_and_without_data(tmp_path):
-    faults = [{"kind": "link-loss", "start": 60, "end": 120, "duration": 60, "at": 60.1,
-               "ended": 120.3},
-              {"kind": "kill-worker", "start": 300, "end": 300, "duration": 0, "at": 300},
-              {"kind": "receiver-restart", "start": 600, "end": 605, "duration": 5, "at": 600,
-               "ended": 611}]
-    lat = [{"t": float(t), "p50": 12.0, "p99": 80.0, "count": 100} for t in range(0, 3600, 10)]
-    tl = timeline({f"receiver/w-{i}": (lambda t, i=i: (i, (40 + i) * MIB)) for i in range(20)})
-    images = report.plot(tmp_path, tl, lat, faults)
-    assert set(images) == {"throughput", "latency", "backlog", "rss", "cpu"}
+FAULTS = [{"kind": "link-loss", "start": 60, "end": 120, "duration": 60, "loss": 0.02,
+           "at": 60.1, "ended": 120.3},
+          {"kind": "kill-worker", "start": 300, "end": 300, "duration": 0, "side": "receiver",
+           "at": 300, "ended": 300.1, "victim": "receiver/unpacker-0"},
+          {"kind": "receiver-restart", "start": 600, "end": 605, "duration": 5, "at": 600,
+           "ended": 611},
+          {"kind": "destination-pause", "start": 900, "end": 930, "duration": 30},  # scheduled
+          {"kind": "link-down", "start": 1500, "end": 1520, "duration": 20, "at": 1500,
+           "ended": None}]  # still running when the soak was interrupted
+
+
+def test_plots_are_written_and_readable_with_faults(tmp_path):
+    # an hour sampled every second, 20 workers (one restarted): about a second to plot
+    lat = [{"t": float(t), "p50": 12.0, "p99": 80.0 if t < 1800 else 3000.0, "count": 100}
+           for t in range(0, 3600, 10)]
+    tl = timeline({f"receiver/w-{i}": (lambda t, i=i: (i + 100 * (t > 1200), (40 + i) * MIB))
+                   for i in range(20)}, step=1)
+    images = report.plot(tmp_path, tl, lat, FAULTS)
+    assert set(images) == set(KINDS)
     for file in images.values():
         assert matplotlib.image.imread(tmp_path / file).shape[:2] == (500, 1200)
-    empty = report.plot(tmp_path / ".", tl[:1], [], [])
-    assert (tmp_path / empty["latency"]).stat().st_size > 0
+
+
+def test_plots_without_data_are_still_written(tmp_path):
+    images = report.plot(tmp_path, timeline({}, seconds=0), [], [])
+    assert set(images) == set(KINDS)
+    for file in images.values():
+        assert matplotlib.image.imread(tmp_path / file).shape[:2] == (500, 1200)
 
 
 def test_report_md_says_the_verdict_why_and_shows_every_fault(tmp_path):
     rep = {"command": "diode soak --duration 1h", "passed": False, "duration": 3600,
-           "rate": 1000, "silent_loss": 3, "failures": ["silent_loss: 3 (must be 0)"],
-           "faults": [{"kind": "link-down", "start": 60, "duration": 10, "at": 60,
-                       "ended": 70}, {"kind": "destination-stop", "start": 90,
-                                      "duration": 20, "at": 90, "ended": 112}],
-           "memory": {}, "memory_judged": True}
-    md = open(report.write_markdown(tmp_path, rep, {"rss": "rss.png"})).read()
-    assert "FAILED" in md and "silent_loss: 3 (must be 0)" in md
-    assert "link-down" in md and "destination-stop" in md and "![rss](rss.png)" in md
-    assert "diode soak --duration 1h" in md
+           "started_at": "2025-01-01T10:00:00+00:00", "rate": 1000, "produced": 3600000,
+           "silent_loss": 3, "failures": ["silent_loss: 3 (must be 0)",
+                                          "receiver/leak grew 14.2 MB/h (limit 10)"],
+           "faults": FAULTS, "memory_judged": True,
+           "memory": {"receiver/leak": {"start_mb": 50.0, "end_mb": 64.2, "max_mb": 64.2,
+                                        "slope_mb_per_h": 14.2, "incarnations": 1}},
+           "latency_overall": {"p50": 12.0, "p99": 85.0, "max": 900}}
+    images = {name: f"{name}.png" for name in KINDS}
+    md = open(report.write_markdown(tmp_path, rep, images)).read()
+    assert md.startswith("# Soak report: FAILED")
+    assert "- silent_loss: 3 (must be 0)" in md and "grew 14.2 MB/h (limit 10)" in md
+    assert "```\ndiode soak --duration 1h\n```" in md
+    assert "| silent_loss | 3 | 0 |" in md and "| produced | 3600000 |  |" in md
+    for f in FAULTS:
+        assert f"| {f['kind']} |" in md
+    assert "| 1:00 | link-loss | 60.2 s | loss=0.02 |" in md
+    assert "| 15:00 | destination-pause | 30.0 s |" in md  # scheduled times only
+    assert "| receiver/leak | 50.0 | 64.2 | 64.2 | 14.2 | 1 |" in md
+    assert "p50 12.0 ms, p99 85.0 ms" in md
+    for name in KINDS:
+        assert f"![{name}]({name}.png)" in md
     rep.update(passed=True, failures=[], silent_loss=0)
-    assert "PASSED" in open(report.write_markdown(tmp_path, rep, {})).read()
+    md = open(report.write_markdown(tmp_path, rep, {})).read()
+    assert md.startswith("# Soak report: PASSED") and "Failed because" not in md

@@ -84,3 +84,28 @@ def test_sysctls_too_small_for_the_rate_are_named_with_the_value_to_set():
     advice = {name: wanted for name, _, wanted, _ in sysctl_advice("sender", 125e6, 140000, now)}
     assert advice == {"net.core.wmem_max": 6_250_000, "net.core.netdev_max_backlog": 1400}
     assert sysctl_advice("receiver", 1e6, 100, now) == []
+
+
+def test_the_advice_has_every_stage_of_both_sides_and_the_sysctls_too_small():
+    from diode import topology
+    from diode.tune import Measured, advise, table
+    t = topology.from_dict({"link": {"host": "127.0.0.1", "port": 4000,
+                                     "datagram.size.bytes": 8972},
+                            "security": {"password.file": "p", "salt": "s"},
+                            "sender": {"kafka": {"bootstrap.servers": "a:1"}, "topics": ["t"]},
+                            "receiver": {"kafka": {"bootstrap.servers": "b:1"}}})
+    m = Measured(200, 20000, 200000, 5000, {**SENDER, **RECEIVER}, "embedded tansu")
+    facts = {"sysctl": {"net.core.rmem_max": 212992, "net.core.wmem_max": 212992,
+                        "net.core.netdev_max_backlog": 1000}}
+    a = advise(t, m, 100_000, Machine(cores=(0, 1, 2, 3)), facts)
+    assert a["records_per_datagram"] == 40
+    for side, stages in (("sender", SENDER), ("receiver", RECEIVER)):
+        s = a["sides"][side]
+        assert set(s["stages"]) == set(stages) and s["fits"]
+        assert all(p["instances"] >= 1 and p["cores"] for p in s["stages"].values())
+    assert {c["name"] for c in a["sysctl"]} == {"net.core.rmem_max", "net.core.wmem_max"}
+    text = table(a)
+    assert "fits at 100,000 records/s" in text and "sysctl -w net.core.rmem_max=" in text
+    worse = advise(t, m, 1_000_000, Machine(cores=(0, 1)), facts)
+    assert not worse["sides"]["receiver"]["fits"]
+    assert "does not fit: at most" in table(worse)
