@@ -15,6 +15,12 @@ headers) and with the missing-records topic's reports. A record is then:
   in the source at all;
 - an unexplained loss: not written although no fault that may lose records (schedule.LOSSY)
   ran around the time it was produced.
+
+Records are compared by a digest of their content (xxhash64 over key, value and headers, taken
+where they are read), so that hours of traffic (gigabytes of values) never cross a shuffle or
+sit in Spark's memory: the first long soak ran its executor out of heap joining the values
+themselves. The crc32 of each destination value is checked where it is read, too.
+`classify` and `counts` are the transform: pure DataFrame functions with a known-answer test.
 """
 
 from pyspark import StorageLevel
@@ -51,6 +57,84 @@ def _exists(bootstrap: str, topic: str) -> bool:
     return topic in topics
 
 
+def _source_rows(src: DataFrame) -> DataFrame:
+    """(sourceTopic, sourcePartition, sourceOffset, sDigest, producedAt) of the source's rows."""
+    return src.select(F.col("topic").alias("sourceTopic"),
+                      F.col("partition").alias("sourcePartition"),
+                      F.col("offset").alias("sourceOffset"),
+                      F.xxhash64("key", "value", F.to_json("headers")).alias("sDigest"),
+                      F.unix_millis("timestamp").alias("producedAt"))
+
+
+def _destination_rows(dst: DataFrame, written_at: str) -> DataFrame:
+    """(KEY, dDigest, crcBad, writtenAt, dTimestamp) of the destination's rows: the digest over
+    the record as the source had it (the receiver appends provenance, 3 headers, then
+    `written_at`; the rest are the source's own, in order)."""
+    added = 4 if written_at else 3
+    own = F.slice("headers", F.lit(1), F.greatest(F.size("headers") - added, F.lit(0)))
+    crc = F.try_element_at(F.filter(own, lambda h: h["key"] == F.lit(CRC_HEADER)),
+                           F.lit(1))["value"].cast("string")
+    return verify.with_provenance_rows(dst).select(
+        *KEY, F.xxhash64("key", "value", F.to_json(own)).alias("dDigest"),
+        F.coalesce(F.conv(crc, 16, 10).cast("long") != F.crc32("value"), F.lit(True))
+        .alias("crcBad"),
+        verify._header(written_at, "long").alias("writtenAt") if written_at
+        else F.lit(None).cast("long").alias("writtenAt"),
+        F.unix_millis("timestamp").alias("dTimestamp"))
+
+
+def _flags(reports: DataFrame) -> DataFrame:
+    """Per record named by a report: reported (a missing event), filled (a filled event),
+    reports (how many missing events) and the first reason."""
+    return reports.groupBy(*KEY).agg(
+        F.max(F.when(F.col("type") == "missing", 1).otherwise(0)).alias("reported"),
+        F.max(F.when(F.col("type") == "filled", 1).otherwise(0)).alias("filled"),
+        F.sum(F.when(F.col("type") == "missing", 1).otherwise(0)).alias("reports"),
+        F.first(F.when(F.col("type") == "missing", F.col("reason")), True).alias("reason"))
+
+
+def copies_of(d: DataFrame) -> DataFrame:
+    """Per source record written: copies, and whether any copy differs from the others or
+    failed its crc (the least and greatest digest, the worst crc)."""
+    return d.groupBy(*KEY).agg(F.count("*").alias("copies"), F.min("dDigest").alias("dMin"),
+                               F.max("dDigest").alias("dMax"),
+                               F.max(F.col("crcBad").cast("int")).alias("crcBad"))
+
+
+def classify(s: DataFrame, copies: DataFrame, flags: DataFrame) -> DataFrame:
+    """One row per source record: KEY, producedAt, delivered, copies, corrupted (a copy whose
+    content is not the source's, or whose value fails its crc32), reported, filled, reports,
+    reason."""
+    altered = (F.col("dMin") != F.col("sDigest")) | (F.col("dMax") != F.col("sDigest"))
+    return (s.join(copies, KEY, "left").join(flags, KEY, "left")
+            .select(*KEY, "producedAt",
+                    F.col("copies").isNotNull().alias("delivered"),
+                    F.coalesce("copies", F.lit(0)).alias("copies"),
+                    (F.col("copies").isNotNull() & (altered | (F.col("crcBad") == 1)))
+                    .alias("corrupted"),
+                    F.coalesce("reported", F.lit(0)).cast("boolean").alias("reported"),
+                    F.coalesce("filled", F.lit(0)).cast("boolean").alias("filled"),
+                    F.coalesce("reports", F.lit(0)).alias("reports"), "reason"))
+
+
+def counts(rec: DataFrame) -> dict:
+    """The verdict's counts over `classify`'s rows."""
+    when = lambda cond: F.sum(F.when(cond, 1).otherwise(0))  # noqa: E731
+    delivered, reported, filled = F.col("delivered"), F.col("reported"), F.col("filled")
+    t = rec.agg(
+        F.count("*").alias("produced"),
+        F.sum(delivered.cast("long")).alias("delivered"),
+        when(~delivered & reported).alias("missing_reported"),
+        when(~delivered & ~reported).alias("silent_loss"),
+        when(delivered & reported & ~filled).alias("false_missing"),
+        when(delivered & filled).alias("late_filled"),
+        when(F.col("reports") > 1).alias("reported_twice"),
+        F.sum(F.greatest(F.col("copies") - 1, F.lit(0))).alias("duplicates"),
+        F.sum(F.col("corrupted").cast("long")).alias("corrupted"),
+    ).first().asDict()
+    return {k: int(v or 0) for k, v in t.items()}
+
+
 def run(*, source: str, topics: list, destination: str, dest_pattern: str, missing_topic: str,
         lossy_windows_ms: list, started_ms: int, written_at: str = "writtenAt",
         fmt: str = "auto", master: str | None = None) -> dict:
@@ -60,74 +144,19 @@ def run(*, source: str, topics: list, destination: str, dest_pattern: str, missi
     import re
     spark = verify.session(master, app="diode soak audit", source=fmt)
     try:
-        src = verify.extract(spark, source, "|".join(re.escape(t) for t in topics), fmt)
-        dst = verify.extract(spark, destination, dest_pattern, fmt)
-        s = src.select(F.col("topic").alias("sourceTopic"),
-                       F.col("partition").alias("sourcePartition"),
-                       F.col("offset").alias("sourceOffset"), F.col("key").alias("sKey"),
-                       F.col("value").alias("sValue"), F.col("headers").alias("sHeaders"),
-                       F.unix_millis("timestamp").alias("producedAt"))
-        # the receiver appends provenance (3 headers), then `written_at`: the rest are the
-        # source's own, in order
-        added = 4 if written_at else 3
-        d = verify.with_provenance_rows(dst).select(
-            *KEY, F.col("key").alias("dKey"), F.col("value").alias("dValue"),
-            F.slice("headers", F.lit(1), F.greatest(F.size("headers") - added, F.lit(0)))
-            .alias("dHeaders"),
-            verify._header(written_at, "long").alias("writtenAt") if written_at
-            else F.lit(None).cast("long").alias("writtenAt"),
-            F.unix_millis("timestamp").alias("dTimestamp"))
-        crc = F.try_element_at(F.filter("dHeaders", lambda h: h["key"] == F.lit(CRC_HEADER)),
-                               F.lit(1))["value"].cast("string")
-        d = d.withColumn("crcBad", F.coalesce(
-            F.conv(crc, 16, 10).cast("long") != F.crc32("dValue"), F.lit(True)))
-        d = d.persist(StorageLevel.MEMORY_AND_DISK)
-        copies = d.groupBy(*KEY).agg(
-            F.count("*").alias("copies"), F.first("dKey").alias("dKey"),
-            F.first("dValue").alias("dValue"), F.first("dHeaders").alias("dHeaders"),
-            F.max(F.col("crcBad").cast("int")).alias("crcBad"))
-        reports = _reports(spark, destination, missing_topic, fmt) \
-            if missing_topic and _exists(destination, missing_topic) else None
-        if reports is not None:
-            flags = reports.groupBy(*KEY).agg(
-                F.max(F.when(F.col("type") == "missing", 1).otherwise(0)).alias("reported"),
-                F.max(F.when(F.col("type") == "filled", 1).otherwise(0)).alias("filled"),
-                F.sum(F.when(F.col("type") == "missing", 1).otherwise(0)).alias("reports"),
-                F.first(F.when(F.col("type") == "missing", F.col("reason")), True)
-                .alias("reason"))
+        s = _source_rows(verify.extract(spark, source, "|".join(re.escape(t) for t in topics),
+                                        fmt)).persist(StorageLevel.MEMORY_AND_DISK)
+        d = _destination_rows(verify.extract(spark, destination, dest_pattern, fmt),
+                              written_at).persist(StorageLevel.MEMORY_AND_DISK)
+        copies = copies_of(d)
+        if missing_topic and _exists(destination, missing_topic):
+            flags = _flags(_reports(spark, destination, missing_topic, fmt))
         else:
             flags = spark.createDataFrame([], "sourceTopic string, sourcePartition int, "
                                           "sourceOffset long, reported int, filled int, "
                                           "reports long, reason string")
-        altered = ~(F.col("sKey").eqNullSafe(F.col("dKey"))
-                    & F.col("sValue").eqNullSafe(F.col("dValue"))
-                    & (F.to_json("sHeaders") == F.to_json("dHeaders")))
-        rec = (s.join(copies, KEY, "left").join(flags, KEY, "left")
-               .select(*KEY, "producedAt",
-                       F.col("copies").isNotNull().alias("delivered"),
-                       F.coalesce("copies", F.lit(0)).alias("copies"),
-                       (F.col("copies").isNotNull() & (altered | (F.col("crcBad") == 1)))
-                       .alias("corrupted"),
-                       F.coalesce("reported", F.lit(0)).cast("boolean").alias("reported"),
-                       F.coalesce("filled", F.lit(0)).cast("boolean").alias("filled"),
-                       F.coalesce("reports", F.lit(0)).alias("reports"), "reason"))
-        rec = rec.persist(StorageLevel.MEMORY_AND_DISK)
-        t = rec.agg(
-            F.count("*").alias("produced"),
-            F.sum(F.col("delivered").cast("long")).alias("delivered"),
-            F.sum(F.when(~F.col("delivered") & F.col("reported"), 1).otherwise(0))
-            .alias("missing_reported"),
-            F.sum(F.when(~F.col("delivered") & ~F.col("reported"), 1).otherwise(0))
-            .alias("silent_loss"),
-            F.sum(F.when(F.col("delivered") & F.col("reported") & ~F.col("filled"), 1)
-                  .otherwise(0)).alias("false_missing"),
-            F.sum(F.when(F.col("delivered") & F.col("filled"), 1).otherwise(0))
-            .alias("late_filled"),
-            F.sum(F.when(F.col("reports") > 1, 1).otherwise(0)).alias("reported_twice"),
-            F.sum(F.greatest(F.col("copies") - 1, F.lit(0))).alias("duplicates"),
-            F.sum(F.col("corrupted").cast("long")).alias("corrupted"),
-        ).first().asDict()
-        out = {k: int(v or 0) for k, v in t.items()}
+        rec = classify(s, copies, flags).persist(StorageLevel.MEMORY_AND_DISK)
+        out = counts(rec)
         # reports of records the source never held are false too
         phantom = flags.where("reported = 1").join(s.select(*KEY), KEY, "left_anti").count()
         out["false_missing"] += phantom
@@ -160,8 +189,8 @@ def run(*, source: str, topics: list, destination: str, dest_pattern: str, missi
         out["latency_overall"] = {"p50": (overall["q"] or [None, None])[0],
                                   "p99": (overall["q"] or [None, None])[1],
                                   "max": overall["m"]}
-        rec.unpersist()
-        d.unpersist()
+        for frame in (rec, d, s):
+            frame.unpersist()
         return out
     finally:
         spark.stop()

@@ -45,10 +45,19 @@ def session(master: str | None = None, app: str = "diode verify",
         builder = builder.config("spark.jars", ",".join(jars))
     if master and master.startswith("local"):  # one machine: small shuffles, no web UI
         builder = builder.config("spark.sql.shuffle.partitions", "8") \
-            .config("spark.ui.enabled", "false")
+            .config("spark.ui.enabled", "false") \
+            .config("spark.driver.memory", local_memory())
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")  # spark-submit's INFO would bury the progress lines
     return spark
+
+
+def local_memory() -> str:
+    """The JVM heap for a local[*] session: a quarter of this machine's memory, 1 to 8 GiB
+    (Spark's default of 1 GiB is tight beside Kafka's fetch buffers and a persisted audit)."""
+    import psutil
+    gib = psutil.virtual_memory().total / 4 / 2 ** 30
+    return f"{max(1, min(8, int(gib)))}g"
 
 
 # -- extract -------------------------------------------------------------------------------------
