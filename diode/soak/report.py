@@ -63,35 +63,65 @@ def _lives(pts: list) -> list:
     return runs
 
 
-def _slope(points: list) -> float:
-    """Least-squares slope of [(x, y)]."""
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+def _pooled_slope(stretches: list) -> float:
+    """The least-squares slope of y over x shared by several stretches of [(x, y)], each with
+    its own level: only the change within each stretch counts, never the steps between them."""
+    sxy = sxx = 0.0
+    for pts in stretches:
+        mx = sum(x for x, _ in pts) / len(pts)
+        my = sum(y for _, y in pts) / len(pts)
+        sxy += sum((x - mx) * (y - my) for x, y in pts)
+        sxx += sum((x - mx) ** 2 for x, _ in pts)
+    return sxy / sxx if sxx else 0.0
 
 
-def memory(timeline: list, warmup: float = 60.0) -> dict:
-    """Per worker title: {"start_mb", "end_mb", "max_mb", "slope_mb_per_h", "incarnations"}.
+def quiet_times(timeline: list, faults: list, settle: float = 30.0,
+                backlog_limit: float | None = None) -> set:
+    """The sample times at which nothing disturbs the pipeline: no fault running or ended less
+    than `settle` seconds before, and (given a limit) no more backlog than that."""
+    spans = [fault_span(f) for f in faults]
+    return {s["t"] for s in timeline
+            if not any(a <= s["t"] <= b + settle for a, b in spans)
+            and (backlog_limit is None or s.get("backlog", 0) <= backlog_limit)}
 
-    start_mb/end_mb: RSS (MiB, 1 decimal) in the worker's first and last sample. The slope is a
-    least-squares fit of RSS over time on the worker's longest-lived incarnation (samples with
-    one pid), so a restart's drop is not read as shrinking; it skips the first `warmup` seconds
-    of that incarnation (or its first 10 % if that leaves under 10 points). Under 10 points
-    left: slope None. incarnations: the number of distinct pids."""
+
+MIN_STRETCH = 10          # samples: a shorter quiet stretch says nothing of a slope
+MIN_QUIET_SECONDS = 300   # a worker's quiet time below which its slope is not judged
+
+
+def memory(timeline: list, faults: list = (), warmup: float = 60.0, settle: float = 30.0,
+           backlog_limit: float | None = None) -> dict:
+    """Per worker title: {"start_mb", "end_mb", "max_mb", "slope_mb_per_h", "quiet_minutes",
+    "incarnations"}.
+
+    start_mb/end_mb: RSS (MiB, 1 decimal) in the worker's first and last sample. The slope
+    (MB/h) is how fast its RSS grows while nothing changes: fitted on every stretch of quiet
+    samples (quiet_times: no fault running or just ended, no backlog) of every incarnation past
+    its first `warmup` seconds, each stretch at its own level. So a restart's drop, warm-up,
+    and the high-water mark a destination outage leaves (a backlog's buffers, kept by the
+    allocator once freed) are not growth; a leak, which grows in every stretch, is. Under
+    MIN_QUIET_SECONDS of quiet samples: slope None (not judged). incarnations: distinct pids."""
+    calm = quiet_times(timeline, faults, settle, backlog_limit)
     out = {}
     for title, pts in _series(timeline).items():
-        life = max(_lives(pts), key=lambda run: run[-1][0] - run[0][0])
-        fit = [p for p in life if p[0] - life[0][0] >= warmup]
-        if len(fit) < 10:
-            fit = life[len(life) // 10:]
-        slope = None
-        if len(fit) >= 10:
-            slope = round(_slope([(p[0] / 3600, p[2] / MIB) for p in fit]), 2)
+        stretches = []
+        for life in _lives(pts):
+            current: list = []
+            for p in life:
+                if p[0] - life[0][0] >= warmup and p[0] in calm:
+                    current.append((p[0] / 3600, p[2] / MIB))
+                    continue
+                if len(current) >= MIN_STRETCH:
+                    stretches.append(current)
+                current = []
+            if len(current) >= MIN_STRETCH:
+                stretches.append(current)
+        quiet = sum((s[-1][0] - s[0][0]) * 3600 for s in stretches)
+        slope = round(_pooled_slope(stretches), 2) if quiet >= MIN_QUIET_SECONDS else None
         out[title] = {"start_mb": round(pts[0][2] / MIB, 1), "end_mb": round(pts[-1][2] / MIB, 1),
                       "max_mb": round(max(p[2] for p in pts) / MIB, 1),
-                      "slope_mb_per_h": slope, "incarnations": len({p[1] for p in pts})}
+                      "slope_mb_per_h": slope, "quiet_minutes": round(quiet / 60, 1),
+                      "incarnations": len({p[1] for p in pts})}
     return out
 
 
@@ -272,12 +302,15 @@ def write_markdown(out_dir, report: dict, images: dict) -> str:
         lines.append(f"| {_mss(start)} | {f['kind']} | {end - start:.1f} s | {params} |")
 
     lines += ["", "## Memory per worker", "",
-              "| worker | start MiB | end MiB | max MiB | slope MB/h | processes |",
-              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+              "| worker | start MiB | end MiB | max MiB | slope MB/h | quiet minutes | "
+              "processes |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for title, m in sorted(r.get("memory", {}).items()):
         slope = "-" if m["slope_mb_per_h"] is None else f"{round(m['slope_mb_per_h'], 1) + 0.0}"
         lines.append(f"| {title} | {m['start_mb']} | {m['end_mb']} | {m['max_mb']} | {slope} "
-                     f"| {m['incarnations']} |")
+                     f"| {_shown(m.get('quiet_minutes'))} | {m['incarnations']} |")
+    lines += ["", "The slope is how fast RSS grows while nothing disturbs the pipeline (no fault "
+              "running or ended within 30 s, no backlog), past each process's first minute: "
+              "an outage's high-water mark is not growth, a leak is."]
     if r.get("memory_judged") is False:
         lines += ["", "(Memory slopes are judged only on uninterrupted soaks of 10 minutes or "
                   "more.)"]

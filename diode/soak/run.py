@@ -665,7 +665,10 @@ class Soak:
 
     def _report(self, plan: Plan, verdict: dict | None) -> int:
         from diode.soak import report
-        mem = report.memory(self.timeline)
+        # growth judged while nothing disturbs the pipeline: no fault, no more backlog than
+        # five seconds of traffic (report.memory)
+        mem = report.memory(self.timeline, self.fault_log,
+                            backlog_limit=max(1000.0, 5 * plan.rate))
         judged = self.duration >= MEMORY_JUDGED_AFTER and not self.interrupts
         failures = list(self.failures)
         if judged:

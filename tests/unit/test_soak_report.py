@@ -48,6 +48,32 @@ def test_memory_slopes_see_growth_not_restarts_or_warm_up():
     assert report.memory_verdict(mem, 20) == []
 
 
+def test_an_outages_high_water_mark_is_not_growth_but_a_leak_between_faults_is():
+    """Every 10 minutes a destination outage (60 s): the writer's backlog raises its RSS by
+    30 MiB, which the allocator keeps (flat afterwards), once; a leaking worker grows 12 MiB/h
+    in every quiet stretch, whatever the faults do."""
+    faults = [{"kind": "destination-stop", "start": 600.0 * k, "at": 600.0 * k,
+               "ended": 600.0 * k + 60, "duration": 60.0} for k in range(1, 6)]
+
+    def stepped(t):
+        return 1, 60 * MIB + (30 * MIB if t > 620 else 0) + (MIB * (t % 600 < 60) * 5)
+
+    mem = report.memory(timeline({
+        "receiver/stepped": stepped,
+        "receiver/leak": lambda t: (2, 50 * MIB + 12 * MIB * t / 3600),
+    }), faults)
+    assert abs(mem["receiver/stepped"]["slope_mb_per_h"]) < 1
+    assert mem["receiver/stepped"]["max_mb"] == 95
+    assert 11 <= mem["receiver/leak"]["slope_mb_per_h"] <= 13
+    # 6 quiet stretches of 9.5 min less the first's warm-up (the last ends at the hour)
+    assert 45 <= mem["receiver/leak"]["quiet_minutes"] <= 55
+    assert report.memory_verdict(mem, 10) == ["receiver/leak grew 12.0 MB/h (limit 10)"]
+    # everything under a fault: nothing to judge
+    busy = [{"kind": "link-loss", "start": 0.0, "at": 0.0, "ended": 3600.0, "duration": 3600.0}]
+    assert report.memory(timeline({"receiver/leak": lambda t: (2, t * MIB)}), busy)[
+        "receiver/leak"]["slope_mb_per_h"] is None
+
+
 def test_latency_per_minute_weights_buckets_by_records():
     buckets = [{"t": 0, "p50": 10, "p99": 100, "count": 300},
                {"t": 30, "p50": 20, "p99": 200, "count": 100},
@@ -96,7 +122,8 @@ def test_report_md_says_the_verdict_why_and_shows_every_fault(tmp_path):
                                           "receiver/leak grew 14.2 MB/h (limit 10)"],
            "faults": FAULTS, "memory_judged": True,
            "memory": {"receiver/leak": {"start_mb": 50.0, "end_mb": 64.2, "max_mb": 64.2,
-                                        "slope_mb_per_h": 14.2, "incarnations": 1}},
+                                        "quiet_minutes": 40.0, "slope_mb_per_h": 14.2,
+                                        "incarnations": 1}},
            "latency_overall": {"p50": 12.0, "p99": 85.0, "max": 900}}
     images = {name: f"{name}.png" for name in KINDS}
     md = open(report.write_markdown(tmp_path, rep, images)).read()
@@ -108,7 +135,7 @@ def test_report_md_says_the_verdict_why_and_shows_every_fault(tmp_path):
         assert f"| {f['kind']} |" in md
     assert "| 1:00 | link-loss | 60.2 s | loss=0.02 |" in md
     assert "| 15:00 | destination-pause | 30.0 s |" in md  # scheduled times only
-    assert "| receiver/leak | 50.0 | 64.2 | 64.2 | 14.2 | 1 |" in md
+    assert "| receiver/leak | 50.0 | 64.2 | 64.2 | 14.2 | 40.0 | 1 |" in md
     assert "p50 12.0 ms, p99 85.0 ms" in md
     for name in KINDS:
         assert f"![{name}]({name}.png)" in md
