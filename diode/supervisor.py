@@ -25,7 +25,7 @@ from enum import Enum
 
 import setproctitle
 
-from diode import crypto, worker
+from diode import crypto, launches, worker
 from diode import brokers as embedded
 from diode.kafka import client_settings
 from diode.topology import PIPELINES, SIDES, Topology, WorkerSpec, plan
@@ -108,6 +108,7 @@ class Supervisor:
         self.secrets: worker.Secrets | None = None
         self.inherited: dict = {}  # stage type -> what its prepare() made (outlives workers)
         self._signals: deque = deque()
+        self._next_status = 0.0
 
     def _broker(self, b) -> embedded.EmbeddedBroker:
         name = b.name or b.listen.replace(":", "-")
@@ -131,6 +132,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         code = 0
+        registered = launches.register(self.t.path, self.t.name, self.sides, self.run_dir)
         try:
             self.secrets = load_secrets(self.t)
             for side in self.sides:  # a Kafka secret that cannot be read: say so now, once
@@ -145,6 +147,7 @@ class Supervisor:
             code = self._watch()
         finally:
             self._drain()
+            launches.unregister(registered)
             for resources in self.inherited.values():
                 for resource in resources.values():
                     resource.close()
@@ -181,7 +184,20 @@ class Supervisor:
                     log.error("embedded %s broker %s exited (its log: %s). Stopping.",
                               b.kind, b.name, b.log_path)
                     return 1
+            if now >= self._next_status:
+                self._next_status = now + 1.0
+                launches.write_status(self.run_dir, self.status())
             time.sleep(0.05)
+
+    def status(self) -> dict:
+        """What `diode tune --live` (and an operator) reads of this launch: every worker's
+        state, pid, CPUs and restarts."""
+        return {"pid": os.getpid(), "topology": self.t.path, "name": self.t.name,
+                "sides": list(self.sides),
+                "workers": [{"name": w.spec.name, "side": w.spec.side, "stage": w.spec.stage,
+                             "index": w.spec.index, "state": w.state.value, "pid": w.pid,
+                             "cpus": list(w.spec.cpus), "restarts": max(0, w.starts - 1)}
+                            for w in self.workers]}
 
     def _spawn(self, w: Worker) -> None:
         self.heartbeats.beat(w.slot)

@@ -115,6 +115,9 @@ def kafka_value_problems(key: str, value) -> list[str]:
 class StageSettings:
     instances: int = setting(1, "How many processes of this stage to run.", between(1, 64))
     cpus: list = setting([], "CPUs to pin the processes to (psutil cpu_affinity); empty: all.")
+    pin_per_instance: bool = setting(
+        False, "Pin instance i to the i-th CPU of cpus alone (round robin), instead of letting "
+        "every instance use every CPU listed: one core per worker, as diode tune proposes.")
 
 
 @dataclass(frozen=True)
@@ -432,6 +435,8 @@ def _build_stages(side: str, data: dict, problems: list, cpu_count: int) -> dict
             if not isinstance(cpu, int) or isinstance(cpu, bool) or not 0 <= cpu < cpu_count:
                 problems.append(f"{where}.cpus: {cpu!r} is not a CPU of this machine "
                                 f"(0..{cpu_count - 1})")
+        if s.pin_per_instance and not s.cpus:
+            problems.append(f"{where}.pin.per.instance: needs cpus, the CPUs to pin to")
         stages[name] = s
     return stages
 
@@ -559,7 +564,9 @@ def plan(t: Topology, sides=SIDES) -> list[WorkerSpec]:
         for stage in PIPELINES[side]:
             s = t.stage(side, stage)
             for i in range(s.instances):
-                specs.append(WorkerSpec(side, stage, i, tuple(s.cpus)))
+                cpus = (s.cpus[i % len(s.cpus)],) if s.pin_per_instance and s.cpus \
+                    else tuple(s.cpus)
+                specs.append(WorkerSpec(side, stage, i, cpus))
     return specs
 
 

@@ -7,6 +7,7 @@ packer); round robin then skips it.
 """
 
 import pickle
+import time
 from collections import deque
 
 import zmq
@@ -59,6 +60,8 @@ class Outbox:
         self.sock = sock
         self.limit = limit
         self.pending = deque()
+        self._blocked = 0.0        # seconds spent with peers that would take nothing
+        self._blocked_since = None
 
     def put(self, frames) -> None:
         self.pending.append(frames)
@@ -70,9 +73,21 @@ class Outbox:
             try:
                 self.sock.send_multipart(self.pending[0], zmq.NOBLOCK, copy=False)
             except zmq.Again:
+                if self._blocked_since is None:
+                    self._blocked_since = time.monotonic()
                 return False
             self.pending.popleft()
+        if self._blocked_since is not None:
+            self._blocked += time.monotonic() - self._blocked_since
+            self._blocked_since = None
         return True
+
+    @property
+    def blocked_seconds(self) -> float:
+        """How long, in all, the peers downstream have taken nothing (backpressure): the
+        stage after this one is the slower."""
+        ongoing = time.monotonic() - self._blocked_since if self._blocked_since else 0.0
+        return self._blocked + ongoing
 
     def clear(self) -> None:
         self.pending.clear()

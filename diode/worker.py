@@ -105,6 +105,22 @@ class Stage:
         self.log = logging.getLogger(f"diode.{ctx.spec.name}")
         self.stopping = False
         self._quiet_since = None
+        self._outboxes: list = []
+
+    def outbox(self, sock, limit: int = 4):
+        """A transport.Outbox whose backpressure the stage's metrics report
+        (output_blocked_seconds: `diode tune --live` reads it)."""
+        from diode.transport import Outbox
+        box = Outbox(sock, limit)
+        self._outboxes.append(box)
+        return box
+
+    def sample_metrics(self) -> None:
+        """About once a second, before the metrics are written: gauges that cost a look to read.
+        A stage that overrides it calls this too."""
+        if self._outboxes:
+            self.metrics.set("output_blocked_seconds",
+                             round(sum(b.blocked_seconds for b in self._outboxes), 3))
 
     @classmethod
     def prepare(cls, topology, log) -> dict:
@@ -241,6 +257,7 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherit
             heartbeats.beat(slot)
             if metrics.due():  # about once a second
                 metrics.set("cpu_seconds", sum(proc.cpu_times()[:2]))
+                stage.sample_metrics()
                 metrics.maybe_write()
                 now = time.monotonic()
                 if now >= next_full_gc:

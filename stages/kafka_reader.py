@@ -42,7 +42,7 @@ class Stage(BaseStage):
                                   "enable.partition.eof": s.resend is not None})
         self.acks = transport.pull(self.ctx.zmq, self.ctx.endpoint("kafka_reader",
                                    self.ctx.spec.index, "acks"), self.ctx.hwm * 16)
-        self.out = transport.Outbox(transport.push(
+        self.out = self.outbox(transport.push(
             self.ctx.zmq, [self.ctx.endpoint("packer", i)
                            for i in range(self.ctx.instances("packer"))], self.ctx.hwm))
         self.tracker = SentTracker()

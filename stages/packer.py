@@ -26,7 +26,7 @@ class Stage(BaseStage):
     def open(self):
         ctx = self.ctx
         self.input = transport.pull(ctx.zmq, ctx.endpoint("packer", ctx.spec.index), ctx.hwm)
-        self.out = transport.Outbox(transport.push(
+        self.out = self.outbox(transport.push(
             ctx.zmq, [ctx.endpoint("udp_sender", 0)], ctx.hwm))
         readers = ctx.instances("kafka_reader")
         self.acks = [transport.push(ctx.zmq, [ctx.endpoint("kafka_reader", i, "acks")],

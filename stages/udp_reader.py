@@ -37,7 +37,7 @@ from collections import deque
 
 import zmq
 
-from diode import checkpoints, transport, wire
+from diode import checkpoints, transport, udpstat, wire
 from diode.errors import DiodeError, RejectedDatagram
 from diode.journal import HEADER, Journal, JournalError, JournalFull
 from diode.worker import Stage as BaseStage
@@ -119,8 +119,8 @@ class Stage(BaseStage):
         link = self.t.link
         n = ctx.instances("unpacker")
         self.writers = ctx.instances("kafka_writer")
-        self.outs = [transport.Outbox(transport.push(ctx.zmq, [ctx.endpoint("unpacker", i)],
-                                                     ctx.hwm)) for i in range(n)]
+        self.outs = [self.outbox(transport.push(ctx.zmq, [ctx.endpoint("unpacker", i)], ctx.hwm))
+                     for i in range(n)]
         self.control = transport.pull(ctx.zmq, ctx.endpoint("udp_reader", 0, "control"), 64)
         inherited = ctx.inherited.get("socket")
         self.sock = inherited or open_socket(link.bind_address, link.port,
@@ -412,6 +412,13 @@ class Stage(BaseStage):
         self.metrics.set("journal_failing", 0)
         self.end = self.cursor = max(self.end, self.journal.end)
         self.log.warning("journal writable again")
+
+    def sample_metrics(self):
+        super().sample_metrics()
+        kernel = udpstat.of(self.sock)
+        if kernel is not None:  # datagrams lost to a full receive buffer: the reader was late
+            self.metrics.set("socket_drops", kernel["drops"])
+            self.metrics.set("socket_queue_bytes", kernel["rx_queue"])
 
     def close(self):
         if self.journal is not None:

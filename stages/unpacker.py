@@ -34,8 +34,8 @@ class Stage(BaseStage):
         ctx = self.ctx
         self.input = transport.pull(ctx.zmq, ctx.endpoint("unpacker", ctx.spec.index), ctx.hwm)
         n = ctx.instances("kafka_writer")
-        self.outs = [transport.Outbox(transport.push(ctx.zmq, [ctx.endpoint("kafka_writer", i)],
-                                                     ctx.hwm)) for i in range(n)]
+        self.outs = [self.outbox(transport.push(ctx.zmq, [ctx.endpoint("kafka_writer", i)],
+                                               ctx.hwm)) for i in range(n)]
         sec = ctx.secrets
         self.keyring = Keyring(sec.cipher_id, sec.master_key, sec.keys(), sec.key_id)
         self.replay = ReplayWindow()

@@ -24,15 +24,10 @@ def udp_socket(port: int) -> dict | None:
     """The socket bound to 127.0.0.1:`port` as /proc/net/udp shows it: `rx_queue`, the bytes
     waiting in its receive buffer (as the kernel charges them, overhead included), and `drops`,
     the datagrams discarded because that buffer was full. None while nothing is bound there."""
+    from diode import udpstat
     want = f"0100007F:{port:04X}"
-    try:
-        for line in Path("/proc/net/udp").read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[1] == want:
-                return {"rx_queue": int(fields[4].split(":")[1], 16), "drops": int(fields[-1])}
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return next(({"rx_queue": s["rx_queue"], "drops": s["drops"]} for s in udpstat.sockets()
+                 if s["local"] == want), None)
 
 
 def udp_socket_drops(port: int) -> int | None:

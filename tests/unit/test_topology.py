@@ -343,6 +343,12 @@ def test_plan_lists_processes_in_data_flow_order_with_instance_counts():
         ("receiver", "kafka_writer", 2), ("receiver", "kafka_writer", 3),
     ]
     assert [s.cpus for s in specs if s.stage == "packer"] == [(1, 2)] * 3
+    pinned = topology.from_dict(minimal(sender={"stages": {"packer": {
+        "instances": 3, "cpus": [1, 2], "pin.per.instance": True}}}), cpu_count=4)
+    # one CPU each, round robin, as diode tune proposes
+    assert [s.cpus for s in topology.plan(pinned) if s.stage == "packer"] == [(1,), (2,), (1,)]
+    assert "sender.stages.kafka_reader.pin.per.instance: needs cpus" in problems_of(minimal(
+        sender={"stages": {"kafka_reader": {"pin.per.instance": True}}}), cpu_count=4)[0]
     assert specs[2].name == "sender/packer-0"
     receiver_only = topology.plan(t, sides=("receiver",))
     assert [s.stage for s in receiver_only] == ["udp_reader", "unpacker", "unpacker",

@@ -3,6 +3,7 @@ target with every core under the limit, the UDP reader alone on a core away from
 interrupts, and, when the target cannot be met, the highest rate that can and what stops it."""
 
 import pytest
+import yaml
 
 from diode.tune import Machine, decide
 
@@ -86,26 +87,192 @@ def test_sysctls_too_small_for_the_rate_are_named_with_the_value_to_set():
     assert sysctl_advice("receiver", 1e6, 100, now) == []
 
 
-def test_the_advice_has_every_stage_of_both_sides_and_the_sysctls_too_small():
+def topology_for(host="10.0.0.2", rate_mbps=0):
     from diode import topology
-    from diode.tune import Measured, advise, table
-    t = topology.from_dict({"link": {"host": "127.0.0.1", "port": 4000,
-                                     "datagram.size.bytes": 8972},
-                            "security": {"password.file": "p", "salt": "s"},
-                            "sender": {"kafka": {"bootstrap.servers": "a:1"}, "topics": ["t"]},
-                            "receiver": {"kafka": {"bootstrap.servers": "b:1"}}})
-    m = Measured(200, 20000, 200000, 5000, {**SENDER, **RECEIVER}, "embedded tansu")
-    facts = {"sysctl": {"net.core.rmem_max": 212992, "net.core.wmem_max": 212992,
-                        "net.core.netdev_max_backlog": 1000}}
-    a = advise(t, m, 100_000, Machine(cores=(0, 1, 2, 3)), facts)
-    assert a["records_per_datagram"] == 40
-    for side, stages in (("sender", SENDER), ("receiver", RECEIVER)):
-        s = a["sides"][side]
-        assert set(s["stages"]) == set(stages) and s["fits"]
-        assert all(p["instances"] >= 1 and p["cores"] for p in s["stages"].values())
+    return topology.from_dict({"link": {"host": host, "port": 4000,
+                                        "datagram.size.bytes": 8972, "rate.mbps": rate_mbps},
+                               "security": {"password.file": "p", "salt": "s"},
+                               "sender": {"kafka": {"bootstrap.servers": "a:1"},
+                                          "topics": ["t"]},
+                               "receiver": {"kafka": {"bootstrap.servers": "b:1"}}})
+
+
+def measured(costs=None, records=200_000, datagrams=5000, wire_bytes=8972):
+    from diode.tune import Measured, Window
+    costs = costs or {**SENDER, **RECEIVER}
+    w = Window(8972, 10.0, records, datagrams, datagrams * wire_bytes, 0,
+               {s: c * records * 1e-6 for s, c in costs.items()}, {})
+    return Measured(200, records / 10, records / datagrams, costs, costs,
+                    dict.fromkeys(costs, 0.0), "embedded tansu", [w])
+
+
+FACTS = {"sysctl": {"net.core.rmem_max": 212992, "net.core.wmem_max": 212992,
+                    "net.core.netdev_max_backlog": 1000}, "device": "eth0", "qdisc": "fq_codel"}
+
+
+def test_the_advice_has_every_stage_of_both_sides_and_the_sysctls_too_small():
+    from diode.tune import advise, table
+    t = topology_for(rate_mbps=1000)
+    a = advise(t, measured(), 100_000, Machine(cores=(0, 1, 2, 3)), FACTS)
+    assert a["measured"]["records_per_datagram"] == 40
+    assert set(a["stages"]) == set(SENDER) | set(RECEIVER) and a["fits"]
+    for stage, p in a["stages"].items():
+        assert p["instances"] >= 1 and p["cores"] and p["cost_us_per_record"] > 0
+        assert a["topology"][p["side"]][stage]["instances"] == p["instances"]
     assert {c["name"] for c in a["sysctl"]} == {"net.core.rmem_max", "net.core.wmem_max"}
     text = table(a)
-    assert "fits at 100,000 records/s" in text and "sysctl -w net.core.rmem_max=" in text
-    worse = advise(t, m, 1_000_000, Machine(cores=(0, 1)), facts)
-    assert not worse["sides"]["receiver"]["fits"]
-    assert "does not fit: at most" in table(worse)
+    assert "fits: up to about" in text and "sysctl -w net.core.rmem_max=" in text
+    assert "tc qdisc replace dev eth0 root fq" in text  # pacing by the kernel, not a loop
+    worse = advise(t, measured(), 1_000_000, Machine(cores=(0, 1)), FACTS)
+    assert not worse["fits"] and not worse["sides"]["receiver"]["fits"]
+    assert 0 < worse["max_rate"] < 1_000_000 and worse["bottleneck"]
+    assert "does NOT fit: at most" in table(worse)
+
+
+def test_the_link_pacing_bounds_the_rate_it_can_carry():
+    from diode.tune import advise
+    # 8972 + 28 bytes a datagram, 40 records each: 225 bytes of wire a record; 100 Mbit/s
+    # carries about 55 500 records/s however many cores there are
+    a = advise(topology_for(rate_mbps=100), measured(), 80_000,
+               Machine(cores=tuple(range(16))), FACTS)
+    assert not a["fits"] and a["bottleneck"] == "link.rate.mbps"
+    assert 55_000 <= a["max_rate"] <= 56_000
+
+
+def test_both_sides_on_one_machine_are_placed_together():
+    """A link on loopback: sender and receiver share this machine's cores, so they are placed
+    together: the UDP reader keeps a core to itself from every other worker of both sides."""
+    from diode.tune import advise
+    a = advise(topology_for(host="127.0.0.1"), measured(), 20_000, Machine(cores=(0, 1)),
+               FACTS)
+    assert a["shared_machine"] and set(a["sides"]) == {"both"}
+    reader = a["stages"]["udp_reader"]["cores"]
+    others = {c for s, p in a["stages"].items() if s != "udp_reader" for c in p["cores"]}
+    assert len(reader) == 1 and reader[0] not in others
+    assert sum(a["sides"]["both"]["core_load"].values()) == pytest.approx(20_000 * 26e-6)
+
+
+def test_a_stage_cost_splits_into_its_per_record_and_per_datagram_parts():
+    from diode.tune.measure import Window, fit
+    # the packer: 2 µs a record and 50 µs a datagram; the writer: 9 µs a record only
+    def window(records, datagrams):
+        return Window(8972, 10, records, datagrams, 0, 0,
+                      {"packer": (2 * records + 50 * datagrams) * 1e-6,
+                       "kafka_writer": 9 * records * 1e-6}, {})
+    per_record, per_datagram = fit(window(100_000, 2_500), window(100_000, 20_000))
+    assert per_record["packer"] == pytest.approx(2) and per_datagram["packer"] == pytest.approx(50)
+    assert per_record["kafka_writer"] == pytest.approx(9)
+    assert per_datagram["kafka_writer"] == pytest.approx(0, abs=1e-9)
+
+
+def test_sampled_sizes_become_a_small_mix_of_sizes_and_weights():
+    from diode.tune.measure import size_mix
+    mix = size_mix([100] * 700 + [1000] * 200 + [10_000] * 100, buckets=8)
+    assert mix == [(100, pytest.approx(0.7)), (1000, pytest.approx(0.2)),
+                   (10_000, pytest.approx(0.1))]
+    spread = size_mix(list(range(16, 1016)), buckets=4)  # many sizes: four shares by rank
+    assert [s for s, _ in spread] == [140, 390, 640, 890]  # (16..265 averages 140.5)
+    assert all(w == pytest.approx(0.25) for _, w in spread)
+    assert size_mix([3, 5]) == [(16, 1.0)]  # never under the traffic's 16 bytes
+
+
+TOPOLOGY = """\
+# the demo's topology, as an operator keeps it
+name: demo
+link:
+  host: 127.0.0.1   # loopback
+  port: 3456
+sender:
+  topics: [diode]
+  stages:
+    kafka_reader: {instances: 1}
+    packer: {instances: 1}    # was enough for 10 000/s
+receiver:
+  topics.prefix: dest_
+brokers:
+  - {name: source, kind: tansu, side: sender, listen: "127.0.0.1:19092"}
+"""
+
+
+def test_the_plan_is_written_into_the_file_keeping_its_comments_and_layout(tmp_path):
+    from diode.tune import edit
+    plan = {"sender": {"kafka_reader": edit.stage_settings(1, [0]),
+                       "packer": edit.stage_settings(2, [0, 1]),
+                       "udp_sender": edit.stage_settings(1, [1])},
+            "receiver": {"udp_reader": edit.stage_settings(1, [1]),
+                         "unpacker": edit.stage_settings(1, [0]),
+                         "kafka_writer": edit.stage_settings(2, [0, 0])}}
+    new = edit.proposed_text(TOPOLOGY, plan)
+    assert "# the demo's topology, as an operator keeps it" in new
+    assert "host: 127.0.0.1   # loopback" in new
+    packer = next(line for line in new.splitlines() if "packer:" in line)
+    assert packer.startswith("    packer: {instances: 2, cpus: [0, 1], pin.per.instance: true}")
+    assert packer.endswith("# was enough for 10 000/s")  # its comment stays on its line
+    assert "    kafka_reader: {instances: 1, cpus: [0]}" in new
+    assert '  - {name: source, kind: tansu, side: sender, listen: "127.0.0.1:19092"}' in new
+    # a stage the file did not name, and a side without stages, get them
+    data = yaml.safe_load(new)
+    assert data["sender"]["stages"]["udp_sender"] == {"instances": 1, "cpus": [1]}
+    assert data["receiver"]["stages"]["kafka_writer"] == {"instances": 2, "cpus": [0]}
+    assert data["receiver"]["topics.prefix"] == "dest_"
+    d = edit.diff("t.yaml", TOPOLOGY, new)
+    assert "-    packer: {instances: 1}" in d and "+    packer: {instances: 2" in d
+    path = tmp_path / "t.yaml"
+    path.write_text(TOPOLOGY)
+    path.chmod(0o640)
+    edit.write(path, new)
+    assert path.read_text() == new and path.stat().st_mode & 0o777 == 0o640
+    # written once more, nothing changes: the plan is already there
+    assert edit.proposed_text(new, plan) == new
+    fewer = {"sender": {"packer": edit.stage_settings(1, [1])}}
+    assert "pin.per.instance" not in edit.proposed_text(new, fewer).split("packer:")[1] \
+        .splitlines()[0]
+
+
+def snapshot(t, workers, **totals):
+    """A launch's metrics as diode.tune.live.snapshot reads them."""
+    out = {}
+    for name, (cpu, blocked, records) in workers.items():
+        side, rest = name.split("/")
+        stage, index = rest.rsplit("-", 1)
+        out[name] = {"side": side, "stage": stage, "index": int(index), "state": "running",
+                     "restarts": 0, "cpu_seconds": cpu, "output_blocked_seconds": blocked,
+                     "records": records, "datagrams": 0}
+    return {"t": t, "workers": out, "totals": totals, "sides": ["sender", "receiver"]}
+
+
+def test_live_advice_widens_the_hot_stage_narrows_the_idle_one_and_names_the_slow_one():
+    from diode.tune import live
+    before = snapshot(0.0, {"receiver/udp_reader-0": (0, 0, 0),
+                            "receiver/unpacker-0": (0, 0, 0), "receiver/unpacker-1": (0, 0, 0),
+                            "receiver/kafka_writer-0": (0, 0, 0)},
+                      socket_drops=10, journal_unforwarded_bytes=0, backlog_records=0)
+    # over 10 s: the writer busy 9.5 s (95 %), the unpackers 1 s each and blocked on it 6 s,
+    # the reader at 20 %; 100 000 records written; 250 datagrams dropped
+    after = snapshot(10.0, {"receiver/udp_reader-0": (2, 0, 0),
+                            "receiver/unpacker-0": (1, 6, 50_000),
+                            "receiver/unpacker-1": (1, 6, 50_000),
+                            "receiver/kafka_writer-0": (9.5, 0, 100_000)},
+                     socket_drops=260, journal_unforwarded_bytes=50 << 20, backlog_records=0)
+    a = live.advise(before, after)
+    assert a["records_per_second"] == {"receiver": 10_000}
+    s = a["stages"]
+    assert s["kafka_writer"]["advice"] == "widen to 2 instances"
+    assert s["kafka_writer"]["cost_us_per_record"] == pytest.approx(95)
+    assert s["unpacker"]["advice"] == "narrow to 1 instances (frees a core)"
+    assert s["udp_reader"]["advice"] == "keep"
+    notes = "\n".join(a["notes"])
+    assert "unpacker waited on kafka_writer 60% of the time" in notes
+    assert "dropped 250 datagrams" in notes and "50.0 MiB of datagrams wait" in notes
+    hot = snapshot(10.0, {"receiver/udp_reader-0": (8, 0, 0)})
+    cold = snapshot(0.0, {"receiver/udp_reader-0": (0, 0, 0)})
+    assert "bounds the rate" in live.advise(cold, hot)["stages"]["udp_reader"]["advice"]
+    assert "widen to 2 instances" in live.table(a)
+
+
+def test_live_finds_no_launch_and_says_so(tmp_path, monkeypatch):
+    from diode.errors import DiodeError
+    from diode.tune import live
+    monkeypatch.setenv("DIODE_STATE_DIR", str(tmp_path))
+    with pytest.raises(DiodeError, match="no diode launch is running"):
+        live.find(None, None)

@@ -1,0 +1,283 @@
+"""`diode tune TOPOLOGY --rate R`: measure each stage here, decide instances and cores, show the
+plan and the topology change, write it (--write), prove it with a short bench (--verify);
+`diode tune --live` advises a running launch from its metrics. docs/tuning.md."""
+
+import ipaddress
+import json
+import socket
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from diode import topology as topo
+from diode.errors import DiodeError
+from diode.topology import PIPELINES, SIDES
+from diode.tune import edit, live
+from diode.tune.decide import UTILISATION, Machine, decide
+from diode.tune.machine import pacing_advice, read_machine, sysctl_advice
+from diode.tune.measure import MEASURE_SECONDS, WARMUP_SECONDS, Bench, Measured, measure
+
+IP_UDP_OVERHEAD = 28
+VERIFY_SECONDS = 15.0
+VERIFY_TOLERANCE = 0.25
+
+
+def shares_machine(host: str) -> bool:
+    """Whether the link's host is this machine (loopback): then both sides share its cores."""
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def advise(t, measured: Measured, rate: float, machine: Machine, facts: dict,
+           limit: float = UTILISATION, shared: bool | None = None) -> dict:
+    """What `diode tune` prints (--json gives it whole): per stage its costs, load, instances
+    and cores; the highest rate and what bounds it; the sysctls too small; the topology's new
+    stage settings."""
+    shared = shares_machine(t.link.host) if shared is None else shared
+    costs = measured.cost_us
+    windows = measured.windows
+    wire = (sum(w.bytes + IP_UDP_OVERHEAD * w.datagrams for w in windows[:1])
+            / max(1, windows[0].records)) if windows else 0.0
+    decisions = {"both": decide("both", costs, rate, machine, limit)} if shared else \
+        {side: decide(side, costs, rate, machine, limit) for side in SIDES}
+    out = {"rate": rate, "record_bytes": round(measured.record_bytes, 1),
+           "utilisation": limit, "shared_machine": shared,
+           "measured": {"rate": round(measured.rate), "brokers": measured.brokers,
+                        "records_per_datagram": round(measured.records_per_datagram, 2),
+                        "wire_bytes_per_record": round(wire, 1),
+                        "windows": [{"datagram_bytes": w.datagram_bytes, "seconds":
+                                     round(w.seconds, 1), "records": w.records,
+                                     "datagrams": w.datagrams, "missing": w.missing}
+                                    for w in windows]},
+           "machine": {k: v for k, v in facts.items() if k != "busy"},
+           "stages": {}, "sides": {}, "sysctl": [], "topology": {s: {} for s in SIDES}}
+    for name, d in decisions.items():
+        out["sides"][name] = {"fits": d.fits, "max_rate": round(d.max_rate),
+                              "bottleneck": d.bottleneck,
+                              "core_load": {str(c): round(v, 3) for c, v in
+                                            sorted(d.core_load.items())}}
+        for stage, p in d.stages.items():
+            side = "sender" if stage in PIPELINES["sender"] else "receiver"
+            out["stages"][stage] = {
+                "side": side, "cost_us_per_record": round(costs[stage], 3),
+                "per_record_us": round(measured.per_record_us.get(stage, 0.0), 3),
+                "cost_us_per_datagram": round(measured.per_datagram_us.get(stage, 0.0), 3),
+                "load_at_target": round(rate * costs[stage] * 1e-6, 3),
+                "instances": p.instances, "cores": sorted(set(p.cores))}
+            out["topology"][side][stage] = edit.stage_settings(p.instances, p.cores)
+    limits = {name: (d.max_rate, d.bottleneck) for name, d in decisions.items()}
+    if t.link.rate_mbps and wire:
+        link_rate = t.link.rate_mbps * 1e6 / 8 / wire
+        out["link"] = {"rate_mbps": t.link.rate_mbps, "max_rate": round(link_rate)}
+        limits["link"] = (link_rate, "link.rate.mbps")
+    where = min(limits, key=lambda k: limits[k][0])
+    out["max_rate"] = round(limits[where][0])
+    out["bottleneck"] = limits[where][1]
+    out["fits"] = all(d.fits for d in decisions.values()) and rate <= limits[where][0]
+    per_datagram = measured.records_per_datagram
+    for side in SIDES:
+        out["sysctl"] += [{"name": n, "now": now, "set": want, "why": why, "side": side}
+                          for n, now, want, why in sysctl_advice(
+                              side, rate * wire, rate / max(per_datagram, 1e-9),
+                              facts.get("sysctl", {}))]
+    out["pacing"] = pacing_advice(facts, t.link.rate_mbps)
+    return out
+
+
+def table(advice: dict) -> str:
+    """The plan as a table, then what bounds it and what to change on the machine."""
+    a = advice
+    lines = [f"{a['rate']:,.0f} records/s of {a['record_bytes']:g} bytes, measured here at "
+             f"{a['measured']['rate']:,} records/s ({a['measured']['records_per_datagram']:g} "
+             f"per datagram) on {a['measured']['brokers']}; every core under "
+             f"{a['utilisation']:.0%}" + ("; both sides share this machine" if
+                                          a["shared_machine"] else ""),
+             f"{'stage':<24} {'µs/record':>10} {'µs/datagram':>12} {'load at target':>15} "
+             f"{'instances':>10}  cores"]
+    for side in SIDES:
+        for stage in PIPELINES[side]:
+            p = a["stages"].get(stage)
+            if p is None:
+                continue
+            lines.append(f"{side + '/' + stage:<24} {p['cost_us_per_record']:>10.2f} "
+                         f"{p['cost_us_per_datagram']:>12.1f} {p['load_at_target']:>15.2f} "
+                         f"{p['instances']:>10}  {','.join(map(str, p['cores']))}")
+    if a["fits"]:
+        lines.append(f"fits: up to about {a['max_rate']:,} records/s here (then "
+                     f"{a['bottleneck']} is the limit)")
+    else:
+        lines.append(f"does NOT fit: at most about {a['max_rate']:,} records/s here, limited "
+                     f"by {a['bottleneck']}; the plan above is for that rate")
+    for c in a["sysctl"]:
+        lines.append(f"{c['side']}: sysctl -w {c['name']}={c['set']}  (now {c['now']}: "
+                     f"{c['why']})")
+    if a.get("pacing"):
+        lines.append(f"sender: {a['pacing']}")
+    return "\n".join(lines)
+
+
+# -- --verify ------------------------------------------------------------------------------------
+
+def _core_of(title: str, settings: dict) -> list:
+    """The cores a worker ("receiver/unpacker-1") runs on under `settings` of its stage."""
+    index = int(title.rsplit("-", 1)[1])
+    cpus = settings["cpus"]
+    return [cpus[index % len(cpus)]] if settings.get("pin.per.instance") else list(cpus)
+
+
+def verify(bench: Bench, advice: dict, mix: list, seconds: float = VERIFY_SECONDS) -> dict:
+    """Run the proposed topology at the rate it was planned for (the target, or the highest
+    rate that fits) and compare: records/s achieved against asked, and each core's load (the
+    pipeline's workers' CPU, by the core each is pinned to) against predicted."""
+    rate = min(advice["rate"], advice["max_rate"])
+    stages = advice["topology"]
+    window = bench.window(stages, rate, mix, seconds)
+    measured_core: dict = {}
+    for title, cpu in window.worker_cpu.items():
+        side, rest = title.split("/")
+        stage = rest.rsplit("-", 1)[0]
+        cores = _core_of(title, stages[side][stage])
+        for c in cores:  # a worker on several cores: its load shared among them
+            key = c if advice["shared_machine"] else f"{side}:{c}"
+            measured_core[key] = measured_core.get(key, 0.0) + cpu / window.seconds / len(cores)
+    predicted_core: dict = {}
+    for stage, p in advice["stages"].items():
+        settings = stages[p["side"]][stage]
+        share = rate * p["cost_us_per_record"] * 1e-6 / p["instances"]
+        for i in range(p["instances"]):
+            cores = _core_of(f"{p['side']}/{stage}-{i}", settings)
+            for c in cores:
+                key = c if advice["shared_machine"] else f"{p['side']}:{c}"
+                predicted_core[key] = predicted_core.get(key, 0.0) + share / len(cores)
+    achieved = window.rate
+    busiest = max(predicted_core, key=predicted_core.get)
+    checks = {"rate": achieved / rate - 1,
+              "total load": sum(measured_core.values()) / sum(predicted_core.values()) - 1,
+              "busiest core": measured_core.get(busiest, 0.0) / predicted_core[busiest] - 1}
+    return {"rate": rate, "achieved": round(achieved), "missing": window.missing,
+            "seconds": round(window.seconds, 1),
+            "cores": {str(c): {"predicted": round(predicted_core.get(c, 0.0), 3),
+                               "measured": round(measured_core.get(c, 0.0), 3)}
+                      for c in sorted(set(predicted_core) | set(measured_core), key=str)},
+            "errors": {k: round(v, 3) for k, v in checks.items()},
+            "within": all(abs(v) <= VERIFY_TOLERANCE for v in checks.values())
+            and window.missing == 0}
+
+
+def verify_table(v: dict) -> str:
+    lines = [f"verify: asked {v['rate']:,.0f} records/s, achieved {v['achieved']:,} over "
+             f"{v['seconds']:g} s ({v['errors']['rate']:+.0%}), {v['missing']} reported missing",
+             f"  {'core':<12} {'predicted':>10} {'measured':>10}"]
+    for core, c in v["cores"].items():
+        lines.append(f"  {core:<12} {c['predicted']:>10.1%} {c['measured']:>10.1%}")
+    lines.append(f"  total load {v['errors']['total load']:+.0%}, busiest core "
+                 f"{v['errors']['busiest core']:+.0%} against the prediction: " +
+                 ("within" if v["within"] else "NOT within") +
+                 f" {VERIFY_TOLERANCE:.0%}")
+    return "\n".join(lines)
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+def _rate(text: str, mean_size: float) -> float:
+    from diode.soak.traffic import Rate
+    return Rate.parse(text, mean_size).records_per_second
+
+
+def main(args) -> int:
+    if args.live:
+        return _live(args)
+    if not args.topology:
+        raise DiodeError("diode tune: give the topology (or --live for a running launch)")
+    if args.rate is None:
+        raise DiodeError("diode tune: --rate is required (records/s, or Mbit/s as 50mbps)")
+    t = topo.load(args.topology)
+    text = Path(args.topology).read_text()
+    raw = yaml.safe_load(text)
+    say = (lambda m: print(f"diode tune: {m}", file=sys.stderr, flush=True)) if args.json \
+        else (lambda m: print(f"diode tune: {m}", flush=True))
+    if args.sample:
+        say("sampling record sizes from the source topics")
+        from diode.tune.measure import sample_sizes
+        mix = sample_sizes(t)
+    else:
+        if args.record_size < 16:
+            raise DiodeError(f"--record-size {args.record_size}: at least 16 bytes")
+        mix = [(args.record_size, 1.0)]
+    from diode.soak.traffic import mean_size
+    rate = _rate(args.rate, mean_size(mix))
+    machine, facts = read_machine(t.link.host)
+    with Bench(t, raw, args.broker_kind) as bench:
+        say(f"measuring each stage at {rate:,.0f} records/s of {mean_size(mix):.0f} bytes on "
+            f"{bench.where} (about {2 * (MEASURE_SECONDS + WARMUP_SECONDS + 4):.0f} s)")
+        measured = measure(t, raw, mix, rate, bench, args.seconds)
+        advice = advise(t, measured, rate, machine, facts, args.utilisation)
+        new = edit.proposed_text(text, advice["topology"])
+        advice["diff"] = edit.diff(args.topology, text, new)
+        if args.verify:
+            say(f"verifying the plan: {VERIFY_SECONDS:.0f} s of the proposed topology")
+            advice["verify"] = verify(bench, advice, mix)
+    if args.write and advice["diff"]:
+        edit.write(args.topology, new)
+    if args.json:
+        print(json.dumps(advice, indent=1))
+    else:
+        print(table(advice))
+        print(advice["diff"] or "the topology already has this plan", end="")
+        if args.write and advice["diff"]:
+            print(f"written to {args.topology}")
+        if "verify" in advice:
+            print(verify_table(advice["verify"]))
+    ok = advice["fits"] and advice.get("verify", {}).get("within", True)
+    return 0 if ok else 1
+
+
+def _live(args) -> int:
+    run_dir = live.find(args.topology, args.run_dir)
+    first = live.snapshot(run_dir)
+    time.sleep(args.seconds)
+    advice = live.advise(first, live.snapshot(run_dir), args.utilisation)
+    if not advice["stages"]:
+        raise DiodeError(f"no worker metrics in {run_dir}/metrics")
+    print(json.dumps(advice, indent=1) if args.json else live.table(advice))
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "tune", help="measure each stage's CPU here and say how many instances of each, on "
+        "which cores, a rate needs (exit 1: it does not fit); --live advises a running launch")
+    p.add_argument("topology", nargs="?", help="the topology file (with --live: which launch)")
+    p.add_argument("--rate", help="target records per second (50000) or Mbit/s (400mbps)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--record-size", type=int, default=200,
+                      help="record bytes to measure with (default 200)")
+    size.add_argument("--sample", action="store_true", help="sample record sizes from the "
+                      "sender's topics on the source cluster instead")
+    p.add_argument("--utilisation", type=float, default=UTILISATION,
+                   help=f"highest load of any core (default {UTILISATION})")
+    p.add_argument("--write", action="store_true", help="apply the plan to the topology file, "
+                   "keeping its comments and layout")
+    p.add_argument("--verify", action="store_true", help="run the proposed topology briefly and "
+                   "compare achieved with predicted rate and per-core load (exit 1 beyond 25 %%)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--broker-kind", choices=("kafka", "tansu"), help="embedded brokers to "
+                   "measure on when the topology's clusters do not answer (default: the "
+                   "topology's brokers: kind, else tansu)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help=f"measurement window (default {MEASURE_SECONDS:g}; with --live 5)")
+    p.add_argument("--live", action="store_true", help="advise a running launch from its "
+                   "metrics: which stage to widen or narrow")
+    p.add_argument("--run-dir", help="with --live: the launch's run directory (default: the "
+                   "one running launch)")
+    p.set_defaults(func=_defaults_then_main)
+
+
+def _defaults_then_main(args) -> int:
+    if args.seconds is None:
+        args.seconds = 5.0 if args.live else MEASURE_SECONDS
+    return main(args)

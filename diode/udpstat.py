@@ -1,0 +1,29 @@
+"""What the kernel says of a UDP socket (Linux /proc/net/udp and udp6): the bytes waiting in its
+receive buffer and the datagrams it dropped because that buffer was full. Nothing else tells
+a diode receiver that it lost datagrams to its own slowness."""
+
+import os
+from pathlib import Path
+
+
+def sockets():
+    """Every UDP socket: {"local": "0100007F:0D80", "inode": int, "rx_queue": bytes,
+    "drops": datagrams}; nothing where /proc cannot be read."""
+    for name in ("udp", "udp6"):
+        try:
+            lines = Path(f"/proc/net/{name}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            try:
+                yield {"local": f[1], "inode": int(f[9]), "rx_queue": int(f[4].split(":")[1], 16),
+                       "drops": int(f[-1])}
+            except (IndexError, ValueError):
+                continue
+
+
+def of(sock) -> dict | None:
+    """This socket's entry (by its inode), or None when the kernel does not show it."""
+    inode = os.fstat(sock.fileno()).st_ino
+    return next((s for s in sockets() if s["inode"] == inode), None)
