@@ -233,6 +233,8 @@ def main(argv=None) -> int:
     soak.add_parser(sub)
     from diode import tune
     tune.add_parser(sub)
+    from diode import connect_import
+    connect_import.add_parser(sub)
 
     args = parser.parse_args(argv)
     configure_logging(logging.DEBUG if args.verbose else logging.INFO)
