@@ -6,9 +6,10 @@ import logging
 import sys
 import time
 
-from diode import topology as topo
+from diode.runtime import topology as topo
+from diode.runtime import wiring
 from diode.errors import DiodeError, TopologyError
-from diode.worker import configure_logging
+from diode.runtime.worker import configure_logging
 
 
 def kafka_problems(t, sides=topo.SIDES) -> list[str]:
@@ -18,7 +19,7 @@ def kafka_problems(t, sides=topo.SIDES) -> list[str]:
     before it forks."""
     from confluent_kafka import Consumer, KafkaException, Producer
     from diode.errors import SecretError
-    from diode.kafka import client_settings, consumer_config, producer_config
+    from diode.kafka.clients import client_settings, consumer_config, producer_config
     makers = {"sender": lambda: Consumer(consumer_config(t)).close(),
               "receiver": lambda: Producer(producer_config(client_settings(t, "receiver")))}
     problems = []
@@ -54,11 +55,11 @@ def cmd_check(args) -> int:
     print(f"{'process':<28} {'cpus':<10} endpoints")
     for spec in topo.plan(t):
         cpus = ",".join(map(str, spec.cpus)) or "all"
-        binds, connects = wiring(t, spec, run_dir)
+        binds, connects = wiring.describe(t, spec, run_dir)
         print(f"diode: {spec.name:<20} {cpus:<10} "
               + "; ".join([f"binds {e}" for e in binds] + [f"-> {e}" for e in connects]))
     if args.side != "sender" and t.link.rate_mbps and not args.no_measure:
-        from diode.capacity import check_rate, measure_receiver
+        from diode.tune.capacity import check_rate, measure_receiver
         lines, warning = check_rate(t, measure_receiver(t, args.record_bytes))
         print("\n".join(lines))
         if warning:
@@ -66,30 +67,8 @@ def cmd_check(args) -> int:
     return 0
 
 
-def wiring(t, spec, run_dir):
-    """(endpoints bound, endpoints connected to) of one process, as its stage module does."""
-    def ep(stage, i, purpose="in"):
-        return topo.endpoint(run_dir, spec.side, stage, i, purpose)
-
-    def each(stage):
-        return [ep(stage, i) for i in range(t.stage(spec.side, stage).instances)]
-
-    if spec.stage == "kafka_reader":
-        return [ep("kafka_reader", spec.index, "acks")], each("packer")
-    if spec.stage == "packer":
-        return [ep("packer", spec.index)], [ep("udp_sender", 0)]
-    if spec.stage == "udp_sender":
-        return [ep("udp_sender", 0)], [f"udp://{t.link.host}:{t.link.port}"]
-    replays = [ep("udp_reader", 0, "control")]  # (a restarted worker asks for a replay)
-    if spec.stage == "udp_reader":
-        return [f"udp://{t.link.bind_address}:{t.link.port}", *replays], each("unpacker")
-    if spec.stage == "unpacker":
-        return [ep("unpacker", spec.index)], each("kafka_writer") + replays
-    return [ep("kafka_writer", spec.index)], [t.receiver.kafka["bootstrap.servers"], *replays]
-
-
 def cmd_launch(args) -> int:
-    from diode.supervisor import Supervisor
+    from diode.runtime.supervisor import Supervisor
     t = topo.load(args.file)
     if args.broker_kind:
         t = dataclasses.replace(t, brokers=[dataclasses.replace(b, kind=args.broker_kind)
@@ -101,7 +80,7 @@ def cmd_launch(args) -> int:
 def cmd_resend(args) -> int:
     """Send exactly the manifest's ranges again through the sender pipeline, then exit."""
     import json
-    from diode.supervisor import Supervisor
+    from diode.runtime.supervisor import Supervisor
     t = topo.load(args.topology)
     try:
         manifest = json.loads(open(args.manifest).read())
@@ -222,13 +201,10 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=30.0)
     p.set_defaults(func=cmd_consume)
 
-    from diode import linksim
+    from diode.link import linksim
     linksim.add_parser(sub)
-    try:
-        from diode.spark import verify
-        verify.add_parser(sub)
-    except ImportError:  # pyspark is the `spark` extra
-        pass
+    from diode.spark import command as verify  # (Spark itself is imported when it runs)
+    verify.add_parser(sub)
     from diode.soak import run as soak
     soak.add_parser(sub)
     from diode import tune

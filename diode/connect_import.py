@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from diode.errors import DiodeError
-from diode.topology import SECRET_KAFKA_KEYS
+from diode.runtime.topology import SECRET_KAFKA_KEYS
 
 SINK, SOURCE = "sink", "source"
 SIDE_OF = {SINK: "sender", SOURCE: "receiver"}
@@ -573,7 +573,7 @@ def to_topology(sink: Config | None = None, source: Config | None = None, *,
                 sink_worker: Config | None = None, source_worker: Config | None = None,
                 password_file: str = DEFAULT_PASSWORD_FILE,
                 name: str = "diode") -> tuple[dict, list, list]:
-    """The topology (a dict for diode.topology.from_dict) that does what the connectors did,
+    """The topology (a dict for diode.runtime.topology.from_dict) that does what the connectors did,
     the properties it could not map (Unmapped, each with its reason) and notes on what diode
     does differently or had to assume. Either connector may be missing: its side is then
     filled with placeholders the notes name. Raises PropertiesError on bad or conflicting
@@ -846,7 +846,7 @@ def _wrap(text: str, hang: str) -> str:
 def run(args, stdout=None, stderr=None) -> int:
     """Read, map, validate, write the password file, print; PropertiesError on bad input."""
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
-    from diode import topology as topo
+    from diode.runtime import topology as topo
     from diode.errors import TopologyError
 
     def read(path, worker=False):

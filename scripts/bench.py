@@ -42,7 +42,7 @@ from benchlib.profile import py_spy
 from benchlib.resources import INTERRUPTED, Bench, Resources, check_interrupted, log
 from benchlib.workload import SIZES, Source, create_topic, preproduce, warm_up_offsets
 
-from diode.brokers import KINDS
+from diode.kafka.brokers import KINDS
 
 MODES = {"e2e": e2e, "sender": sender, "receiver": receiver}
 SUBPROCESS_MODES = {"_relay": baselines.relay_main, "_consume": baselines.consume_main,

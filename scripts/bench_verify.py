@@ -36,7 +36,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from diode.brokers import KINDS, free_port, make_broker
+from diode.kafka.brokers import KINDS, free_port, make_broker
 
 TOPIC = "dest_bench"
 SOURCE = "bench"

@@ -17,8 +17,8 @@ import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from diode.brokers import EmbeddedBroker, free_port
-from diode.linksim import Faults, FaultSettings, LinkSim
+from diode.kafka.brokers import EmbeddedBroker, free_port
+from diode.link.linksim import Faults, FaultSettings, LinkSim
 
 SCENARIOS = [
     ("5 % loss, no repair", FaultSettings(loss=0.05, seed=11), {}),

@@ -1,12 +1,12 @@
 """kafka_reader: reads the source topics with manual assignment and commits what was sent.
 
-Each reader owns a fixed share of the source partitions (diode.kafka.TopicSelector) and looks
-for new topics and partitions every refresh.topics.interval.seconds. What one consume call returns
-goes to a packer as one message: a run per partition (diode.runs, encoded here once, as it will
-cross the link) as ZeroMQ frames after a small header; udp_senders (and packers, for
+Each reader owns a fixed share of the source partitions (diode.kafka.clients.TopicSelector) and
+looks for new topics and partitions every refresh.topics.interval.seconds. What one consume call
+returns goes to a packer as one message: a run per partition (diode.link.runs, encoded here once,
+as it will cross the link) as ZeroMQ frames after a small header; udp_senders (and packers, for
 dead-lettered records)
 acknowledge them back, and the longest fully acknowledged prefix of each partition is committed
-to the source cluster's consumer group (diode.offsets.SentTracker).
+to the source cluster's consumer group (diode.kafka.offsets.SentTracker).
 
 If acknowledgements stop coming (a packer or the udp_sender died: SIGUSR1 from the supervisor,
 or inflight.timeout.seconds passed), the reader rewinds to its committed positions and reads
@@ -22,11 +22,12 @@ from operator import itemgetter
 from confluent_kafka import (OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Message,
                              TopicPartition)
 
-from diode import runs, transport
-from diode.kafka import TopicSelector, consumer_config, partition_counts
-from diode.offsets import SentTracker
-from diode.records import RESEND, partition_owner
-from diode.worker import Stage as BaseStage
+from diode.link import runs
+from diode.runtime import transport
+from diode.kafka.clients import TopicSelector, consumer_config, partition_counts
+from diode.kafka.offsets import SentTracker
+from diode.link.records import RESEND, partition_owner
+from diode.runtime.worker import Stage as BaseStage
 
 BATCH_RECORDS = 1000
 RESEND_SEEK_GAP = 10000  # offsets between two resend ranges worth a seek rather than a read
@@ -40,16 +41,14 @@ class Stage(BaseStage):
             index=self.ctx.spec.index, readers=self.ctx.instances("kafka_reader"))
         self.consumer = Consumer({**consumer_config(self.t), "on_commit": self._committed,
                                   "enable.partition.eof": s.resend is not None})
-        self.acks = transport.pull(self.ctx.zmq, self.ctx.endpoint("kafka_reader",
-                                   self.ctx.spec.index, "acks"), self.ctx.hwm * 16)
-        self.out = self.outbox(transport.push(
-            self.ctx.zmq, [self.ctx.endpoint("packer", i)
-                           for i in range(self.ctx.instances("packer"))], self.ctx.hwm))
+        self.acks = transport.pull(self.ctx.zmq, self.ctx.bound("acks"), self.ctx.hwm * 16)
+        self.out = self.outbox(transport.push(self.ctx.zmq, self.ctx.peers("out"),
+                                              self.ctx.hwm))
         self.tracker = SentTracker()
         self.position_committed: dict = {}  # (topic, partition) -> last offset committed
         self.assigned: dict = {}          # (topic, partition) -> start offset when assigned
-        # The chain of offsets sent per partition (diode.ordering): where the current chain
-        # started and the last offset dispatched; both forgotten when the reader rewinds.
+        # The chain of offsets sent per partition (diode.accounting.ordering): where the current
+        # chain started and the last offset dispatched; both forgotten when the reader rewinds.
         self.chain_start: dict = {}
         self.last_read: dict = {}
         self.next_heartbeat = 0.0

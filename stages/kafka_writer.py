@@ -6,14 +6,14 @@ prefix + source topic (or receiver.topic.rename) on the same partition number wh
 destination topic has enough partitions. A destination topic that does not exist is created with
 the source topic's partition count.
 
-The writer owns its source partitions' order, duplicates and gaps (diode.ordering): records are
-held up to receiver.reorder.wait.ms to restore source order, duplicates are dropped, and missing
-ranges (from the chain of offsets and the sender's heartbeats) are logged, counted and written to
-receiver.missing.records.topic. Writer 0 also watches the sender's heartbeats: a silent link is
-reported, and each heartbeat can be recorded in receiver.heartbeat.topic.
+The writer owns its source partitions' order, duplicates and gaps (diode.accounting.ordering):
+records are held up to receiver.reorder.wait.ms to restore source order, duplicates are dropped,
+and missing ranges (from the chain of offsets and the sender's heartbeats) are logged, counted and
+written to receiver.missing.records.topic. Writer 0 also watches the sender's heartbeats: a silent
+link is reported, and each heartbeat can be recorded in receiver.heartbeat.topic.
 
-Records arrive as runs (diode.runs) and are decoded here, column by column; the produce call per
-record is the only per-record object work. Delivery reports come for errors only
+Records arrive as runs (diode.link.runs) and are decoded here, column by column; the produce call
+per record is the only per-record object work. Delivery reports come for errors only
 (delivery.report.only.error): what was written is what was produced, less what librdkafka still
 holds, less what failed. Events (missing ranges, heartbeats) go through a producer of their own,
 so that count stays exact.
@@ -23,12 +23,12 @@ journal before it comes here; each run comes with its journal position and the r
 when it was read. The reorder wait runs on that clock, carried by the reader's marks: a stalled
 pipeline (a restarting worker, a full queue) stops time instead of turning into false gaps. Every
 receiver.checkpoint.interval.ms the writer hands everything decoded to the producer, flushes it,
-and records (diode.checkpoints) its partitions' states and a journal position below which nothing
-it needs is unwritten. A (re)started writer resumes from that, corrected by what the destination
-already holds (diode.recovery: the provenance headers of its last records, and the missing ranges
-already reported), then asks the reader to replay the journal from the checkpoints; dedup drops
-what was written. Records the sender sent while no receiver was reading are reported as
-"receiver-down", once.
+and records (diode.runtime.checkpoints) its partitions' states and a journal position below which
+nothing it needs is unwritten. A (re)started writer resumes from that, corrected by what the
+destination already holds (diode.kafka.recovery: the provenance headers of its last records, and
+the missing ranges already reported), then asks the reader to replay the journal from the
+checkpoints; dedup drops what was written. Records the sender sent while no receiver was reading
+are reported as "receiver-down", once.
 
 When the destination cluster is down the producer keeps retrying (message.timeout.ms 0) and its
 bounded queue fills: the writer stops taking input, the unpackers' queues fill, and the reader
@@ -45,15 +45,16 @@ from collections import deque
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from diode import checkpoints, recovery, transport
+from diode.runtime import checkpoints, transport
+from diode.kafka import recovery
 from diode.errors import DiodeError, RejectedDatagram
-from diode.kafka import (admin_config, client_settings, create_topic, partition_counts,
-                         produce_run, producer_config)
-from diode.ordering import PartitionState
-from diode.ranges import merge
-from diode.records import partition_owner
-from diode.runs import Run
-from diode.worker import Stage as BaseStage
+from diode.kafka.clients import (admin_config, client_settings, create_topic,
+                                 partition_counts, produce_run, producer_config)
+from diode.accounting.ordering import PartitionState
+from diode.accounting.ranges import merge
+from diode.link.records import partition_owner
+from diode.link.runs import Run
+from diode.runtime.worker import Stage as BaseStage
 from stages.udp_reader import ask, request_replay
 
 MAX_PARTITIONS = 10000
@@ -71,9 +72,10 @@ TOPIC_GIVE_UP_SECONDS = 60.0  # a destination topic not creatable this long: dea
 # Errors after which a topic or a record will never be written, whatever the wait.
 REFUSED_FOR_GOOD = {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.MSG_SIZE_TOO_LARGE,
                     KafkaError.TOPIC_EXCEPTION, KafkaError.POLICY_VIOLATION,
-                    KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG_SIZE,
-                    KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError.INVALID_CONFIG,
-                    KafkaError.INVALID_PARTITIONS, KafkaError.INVALID_REPLICATION_FACTOR}
+                    KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD,
+                    KafkaError.INVALID_MSG_SIZE, KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+                    KafkaError.INVALID_CONFIG, KafkaError.INVALID_PARTITIONS,
+                    KafkaError.INVALID_REPLICATION_FACTOR}
 
 
 class Stage(BaseStage):
@@ -81,8 +83,7 @@ class Stage(BaseStage):
         ctx = self.ctx
         r = self.r = self.t.receiver
         kafka = client_settings(self.t, "receiver")
-        self.input = transport.pull(ctx.zmq, ctx.endpoint("kafka_writer", ctx.spec.index),
-                                    ctx.hwm)
+        self.input = transport.pull(ctx.zmq, ctx.bound("in"), ctx.hwm)
         self.kafka = kafka
         self.producer = Producer(producer_config(kafka, **{
             # Records come in bursts of datagrams, not in a tight loop: a longer linger than
@@ -405,7 +406,7 @@ class Stage(BaseStage):
             left += self.events.flush(wait)
         return left + len(self.event_queue)
 
-    # -- order, duplicates, gaps (diode.ordering) ----------------------------------------------
+    # -- order, duplicates, gaps (diode.accounting.ordering) -----------------------------------
 
     def _state(self, topic: str, partition: int) -> PartitionState:
         state = self.states.get((topic, partition))
@@ -676,7 +677,7 @@ class Stage(BaseStage):
 
 def _headers(run: Run, i: int, own) -> list:
     """Record i's headers as written: its own, then the provenance (the dead-letter paths; the
-    hot path builds the same in diode.kafka.produce_run)."""
+    hot path builds the same in diode.kafka.clients.produce_run)."""
     return [*(own[i] if own is not None else ()), ("sourceTopic", run.topic.encode()),
             ("sourcePartition", b"%d" % run.partition), ("sourceOffset", b"%d" % run.offsets[i])]
 

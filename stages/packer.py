@@ -2,7 +2,7 @@
 
 Each packer process is its own sender session: a random session id, a key derived for it, and a
 sequence number that is the AEAD nonce. It fills datagrams with the readers' runs, as they are,
-up to link.datagram.size.bytes (diode.batching.DatagramBuilder: a run is cut only where a
+up to link.datagram.size.bytes (diode.link.batching.DatagramBuilder: a run is cut only where a
 datagram ends), waits at most batch.linger.ms for more records, and tells the
 udp_sender which reader messages each datagram carries. A record too large for one datagram is
 fragmented; one larger than sender.max.record.bytes goes to the dead-letter topic on the source
@@ -15,22 +15,20 @@ import zmq
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from diode import codec, crypto, fec, fragments, runs, transport, wire
-from diode.batching import DatagramBuilder
-from diode.kafka import admin_config, client_settings, create_topic, producer_config
-from diode.records import provenance_headers
-from diode.worker import Stage as BaseStage
+from diode.link import codec, crypto, fec, fragments, runs, wire
+from diode.runtime import transport
+from diode.link.batching import DatagramBuilder
+from diode.kafka.clients import admin_config, client_settings, create_topic, producer_config
+from diode.link.records import provenance_headers
+from diode.runtime.worker import Stage as BaseStage
 
 
 class Stage(BaseStage):
     def open(self):
         ctx = self.ctx
-        self.input = transport.pull(ctx.zmq, ctx.endpoint("packer", ctx.spec.index), ctx.hwm)
-        self.out = self.outbox(transport.push(
-            ctx.zmq, [ctx.endpoint("udp_sender", 0)], ctx.hwm))
-        readers = ctx.instances("kafka_reader")
-        self.acks = [transport.push(ctx.zmq, [ctx.endpoint("kafka_reader", i, "acks")],
-                                    ctx.hwm * 16) for i in range(readers)]
+        self.input = transport.pull(ctx.zmq, ctx.bound("in"), ctx.hwm)
+        self.out = self.outbox(transport.push(ctx.zmq, ctx.peers("out"), ctx.hwm))
+        self.acks = [transport.push(ctx.zmq, [e], ctx.hwm * 16) for e in ctx.peers("acks")]
         session = crypto.new_session_id()
         cipher = crypto.SessionCipher(ctx.secrets.cipher_id, ctx.secrets.master_key, session)
         self.sealer = wire.Sealer(cipher, self.t.compression, ctx.secrets.key_id)
@@ -126,7 +124,7 @@ class Stage(BaseStage):
                 self._dead_letter(runs.Run.decode(run).records()[0], tag)
 
     def _fragment(self, run: bytes, tag):
-        """A record too large for one datagram crosses as fragments (diode.fragments): its
+        """A record too large for one datagram crosses as fragments (diode.link.fragments): its
         run is compressed whole and split; every fragment is its own sealed datagram routed
         by the group id. The record is acknowledged with the last fragment."""
         compression = self.sealer.compression

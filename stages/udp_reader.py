@@ -3,10 +3,11 @@
 The socket is made by the supervisor before it forks (`prepare`), so it outlives this process: a
 killed reader comes back to the same socket, and the kernel queues what arrives meanwhile.
 
-Every datagram whose fixed header is ours is appended to the receive journal (diode.journal),
-still encrypted, before it goes on; one too short or not ours (wrong magic or version) is counted
-and dropped here, and nothing else in it is trusted or even looked at. Datagrams go to unpackers
-by the routing key of their fixed header (routing key % unpackers), several per ZeroMQ message.
+Every datagram whose fixed header is ours is appended to the receive journal
+(diode.runtime.journal), still encrypted, before it goes on; one too short or not ours (wrong magic
+or version) is counted and dropped here, and nothing else in it is trusted or even looked at.
+Datagrams go to unpackers by the routing key of their fixed header (routing key % unpackers),
+several per ZeroMQ message.
 
 Forwarding is a cursor over the journal. While the unpackers keep up, a batch goes on as it was
 read; while they are behind (a destination outage), the reader keeps reading the socket into the
@@ -24,9 +25,9 @@ Messages to an unpacker, a control frame first (pickled, ours alone):
   then has its lost input coming.
 
 The reader replays the journal when it starts, from the lowest low water of the writers'
-checkpoints (diode.checkpoints), and again whenever a restarted unpacker or writer asks on the
-control endpoint (a first start has lost nothing: what was sent to it waited for it). Without a
-journal (receiver.journal.enabled false) positions only count datagrams and nothing is replayed.
+checkpoints (diode.runtime.checkpoints), and again whenever a restarted unpacker or writer asks on
+the control endpoint (a first start has lost nothing: what was sent to it waited for it). Without
+a journal (receiver.journal.enabled false) positions only count datagrams and nothing is replayed.
 """
 
 import errno
@@ -37,10 +38,11 @@ from collections import deque
 
 import zmq
 
-from diode import checkpoints, transport, udpstat, wire
+from diode.runtime import checkpoints, transport
+from diode.link import udpstat, wire
 from diode.errors import DiodeError, RejectedDatagram
-from diode.journal import HEADER, Journal, JournalError, JournalFull
-from diode.worker import Stage as BaseStage
+from diode.runtime.journal import HEADER, Journal, JournalError, JournalFull
+from diode.runtime.worker import Stage as BaseStage
 
 BATCH_DATAGRAMS = 64          # per unpacker per message
 POLL_MS = 50                  # longest wait for a datagram
@@ -87,7 +89,7 @@ def open_journal(t) -> Journal | None:
 def request_replay(ctx, started: float) -> zmq.Socket:
     """A worker that (re)starts asks the reader to replay the journal (see the module). Returns
     the socket, to ask again with `ask` until a notice answers."""
-    sock = transport.push(ctx.zmq, [ctx.endpoint("udp_reader", 0, "control")], 4)
+    sock = transport.push(ctx.zmq, ctx.peers("replay"), 4)
     ask(sock, ctx.spec.name, started)
     return sock
 
@@ -117,11 +119,10 @@ class Stage(BaseStage):
     def open(self):
         ctx = self.ctx
         link = self.t.link
-        n = ctx.instances("unpacker")
         self.writers = ctx.instances("kafka_writer")
-        self.outs = [self.outbox(transport.push(ctx.zmq, [ctx.endpoint("unpacker", i)], ctx.hwm))
-                     for i in range(n)]
-        self.control = transport.pull(ctx.zmq, ctx.endpoint("udp_reader", 0, "control"), 64)
+        self.outs = [self.outbox(transport.push(ctx.zmq, [e], ctx.hwm))
+                     for e in ctx.peers("out")]
+        self.control = transport.pull(ctx.zmq, ctx.bound("control"), 64)
         inherited = ctx.inherited.get("socket")
         self.sock = inherited or open_socket(link.bind_address, link.port,
                                              link.receive_buffer_bytes, self.log)

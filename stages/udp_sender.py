@@ -1,6 +1,6 @@
 """udp_sender: the one process that writes to the link.
 
-It paces datagrams to link.rate.mbps (diode.pacing: the kernel's fq where the egress device has
+It paces datagrams to link.rate.mbps (diode.link.pacing: the kernel's fq where the egress device has
 it, a sleeping pacer always) and, once the kernel has taken a datagram, acknowledges its records
 to the readers that read them: only then may their offsets be committed.
 """
@@ -11,8 +11,9 @@ from collections import deque
 
 import zmq
 
-from diode import pacing, transport
-from diode.worker import Stage as BaseStage
+from diode.link import pacing
+from diode.runtime import transport
+from diode.runtime.worker import Stage as BaseStage
 
 # UDP and IPv4 headers: pacing counts what the link carries.
 IP_UDP_OVERHEAD = 28
@@ -23,10 +24,8 @@ class Stage(BaseStage):
     def open(self):
         ctx = self.ctx
         link = self.t.link
-        self.input = transport.pull(ctx.zmq, ctx.endpoint("udp_sender", 0), ctx.hwm)
-        self.acks = [transport.push(ctx.zmq, [ctx.endpoint("kafka_reader", i, "acks")],
-                                    ctx.hwm * 16)
-                     for i in range(ctx.instances("kafka_reader"))]
+        self.input = transport.pull(ctx.zmq, ctx.bound("in"), ctx.hwm)
+        self.acks = [transport.push(ctx.zmq, [e], ctx.hwm * 16) for e in ctx.peers("acks")]
         self.addr = (link.host, link.port)
         family = socket.AF_INET6 if ":" in link.host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)

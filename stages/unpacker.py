@@ -1,9 +1,9 @@
 """unpacker: verifies, decrypts and decompresses datagrams, and forwards their runs.
 
 Nothing in a datagram is trusted before its AEAD tag verifies over the header and the payload;
-a datagram of a session is accepted once (diode.replay.ReplayWindow).
+a datagram of a session is accepted once (diode.link.replay.ReplayWindow).
 A datagram that fails any step is counted by reason (diode_rejects_total) and dropped: it never
-stops the process and never yields a record. Each run (diode.runs) goes, undecoded, to the
+stops the process and never yields a record. Each run (diode.link.runs) goes, undecoded, to the
 kafka_writer that owns its source partition (read from the run's header alone), so
 per-partition state lives in one process and no record is touched here.
 
@@ -18,12 +18,13 @@ begun (see stages.udp_reader).
 
 import time
 
-from diode import codec, fec, fragments, runs, transport, wire
-from diode.crypto import Keyring
+from diode.link import codec, fec, fragments, runs, wire
+from diode.runtime import transport
+from diode.link.crypto import Keyring
 from diode.errors import RejectedDatagram
-from diode.records import partition_owner
-from diode.replay import ReplayWindow
-from diode.worker import Stage as BaseStage
+from diode.link.records import partition_owner
+from diode.link.replay import ReplayWindow
+from diode.runtime.worker import Stage as BaseStage
 from stages.udp_reader import ask, request_replay
 
 ASK_AGAIN_SECONDS = 1.0
@@ -32,10 +33,9 @@ ASK_AGAIN_SECONDS = 1.0
 class Stage(BaseStage):
     def open(self):
         ctx = self.ctx
-        self.input = transport.pull(ctx.zmq, ctx.endpoint("unpacker", ctx.spec.index), ctx.hwm)
-        n = ctx.instances("kafka_writer")
-        self.outs = [self.outbox(transport.push(ctx.zmq, [ctx.endpoint("kafka_writer", i)],
-                                               ctx.hwm)) for i in range(n)]
+        self.input = transport.pull(ctx.zmq, ctx.bound("in"), ctx.hwm)
+        self.outs = [self.outbox(transport.push(ctx.zmq, [e], ctx.hwm))
+                     for e in ctx.peers("out")]
         sec = ctx.secrets
         self.keyring = Keyring(sec.cipher_id, sec.master_key, sec.keys(), sec.key_id)
         self.replay = ReplayWindow()

@@ -1,5 +1,5 @@
 """Fixtures shared by the stage and integration tests: free ports, embedded brokers (Apache Kafka
-and Tansu, through diode.brokers: a test that takes `brokers` runs on each), topologies, a
+and Tansu, through diode.kafka.brokers: a test that takes `brokers` runs on each), topologies, a
 launched diode, and Kafka helpers that work on both (Tansu's "latest" offset is wrong, DESIGN.md
 §7, so consumers read until they have what they expect)."""
 
@@ -16,8 +16,8 @@ import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from diode.brokers import free_port, make_broker, start_all
-from diode.metrics import read_counter
+from diode.kafka.brokers import free_port, make_broker, start_all
+from diode.runtime.metrics import read_counter
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -33,10 +33,10 @@ from pathlib import Path
 import psutil
 import yaml
 
-from diode import brokers as embedded
-from diode import topology as topo
+from diode.kafka import brokers as embedded
+from diode.runtime import topology as topo
 from diode.errors import DiodeError
-from diode.metrics import read_counter
+from diode.runtime.metrics import read_counter
 from diode.soak import schedule as sched
 from diode.soak import traffic
 
@@ -415,7 +415,7 @@ class Soak:
 
     def _create_topics(self, plan: Plan) -> None:
         from confluent_kafka.admin import AdminClient
-        from diode.kafka import create_topic
+        from diode.kafka.clients import create_topic
         admin = AdminClient(self._source_kafka(plan))
         for topic in plan.topics:
             create_topic(admin, topic, self.args.partitions)

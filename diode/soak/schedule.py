@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import yaml
 
 from diode.errors import DiodeError
-from diode.topology import PIPELINES
+from diode.runtime.topology import PIPELINES
 
 
 class ScheduleError(DiodeError):

@@ -352,7 +352,7 @@ def connector_bundle():
     """Spark's own Kafka connector, spark-sql-kafka-0-10, for the installed Spark version."""
     import pyspark
 
-    from diode import maven
+    from diode.kafka import maven
     v = pyspark.__version__
     return maven.Bundle(f"spark-sql-kafka-0-10_2.13-{v}",
                         (f"org.apache.spark:spark-sql-kafka-0-10_2.13:{v}",),
@@ -367,7 +367,7 @@ def connector_jars(mode: str) -> list[str]:
 
     import pyspark
 
-    from diode import maven
+    from diode.kafka import maven
     bundle = connector_bundle()
     if mode == "python" or (mode == "auto" and not maven.cached(bundle)):
         return []

@@ -4,7 +4,7 @@ A Structured Streaming query reads the destination topics (and the heartbeat top
 missing tail) in micro-batches of at most `--max-offsets-per-trigger` records. Each batch is
 reduced on Spark to a small summary per source partition (runs of consecutive source offsets,
 record and out-of-order counts, latency); the driver folds it into one `PartitionLedger` per
-source partition (diode.spark.ledger) and writes an event for every newly missing range and
+source partition (diode.accounting.ledger) and writes an event for every newly missing range and
 every later fill, to a Kafka topic and/or Parquet. The ledgers are saved in the checkpoint
 directory after each batch, beside Spark's own checkpoint, so a restarted audit carries on
 without reporting a range twice; a batch Spark replays after a crash is recognised by its id.
@@ -18,62 +18,15 @@ import re
 import signal
 import time
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from diode.spark.ledger import PartitionLedger
-from diode.spark.verify import _quantiles, kafka_reader, pattern_of, provenance, say, session
+from diode.accounting.ledger import PartitionLedger
+from diode.spark.verify import (_quantiles, claims, kafka_reader, pattern_of, provenance, say,
+                                session, summarize)
 
 EVENT_SCHEMA = ("type string, sourceTopic string, sourcePartition int, firstOffset long, "
                 "lastOffset long, reason string, detectedAt long, batch long")
-KEY = ["sourceTopic", "sourcePartition"]
-
-
-# -- transform: one micro-batch to a summary per source partition --------------------------------
-
-def summarize(p: DataFrame, known: DataFrame | None = None) -> DataFrame:
-    """Per source partition of one micro-batch (`provenance` rows): runs of consecutive
-    distinct source offsets, records, out-of-order arrivals (after a later record of this batch
-    or, given `known` (sourceTopic, sourcePartition, last), of an earlier batch), latency
-    percentiles. Its size is the number of holes, not of records."""
-    arrival = Window.partitionBy("topic", "partition", *KEY).orderBy("offset")
-    late = p.withColumn("prevMax", F.max("sourceOffset").over(
-        arrival.rowsBetween(Window.unboundedPreceding, -1)))
-    if known is not None:
-        late = late.join(F.broadcast(known), KEY, "left") \
-            .withColumn("prevMax", F.greatest("prevMax", "last"))
-    counts = late.groupBy(*KEY).agg(
-        F.count("*").alias("records"),
-        F.sum(F.when(F.col("sourceOffset") < F.col("prevMax"), 1).otherwise(0))
-        .alias("outOfOrder"),
-        _quantiles().alias("q"), F.max("latencyMs").alias("latencyMax"),
-        F.max("writtenAt").alias("written"), F.min("offset").alias("destinationFirst"))
-    island = F.col("sourceOffset") - F.row_number().over(
-        Window.partitionBy(*KEY).orderBy("sourceOffset"))
-    runs = (p.select(*KEY, "sourceOffset").distinct()
-            .withColumn("island", island)
-            .groupBy(*KEY, "island")
-            .agg(F.min("sourceOffset").alias("first"), F.max("sourceOffset").alias("last"))
-            .groupBy(*KEY)
-            .agg(F.collect_list(F.struct("first", "last")).alias("runs")))
-    return counts.join(runs, KEY)
-
-
-def claims(beats: DataFrame) -> DataFrame:
-    """(sourceTopic, sourcePartition, lastSent, receivedAt, firstSent) from heartbeat records
-    (receiver.heartbeat.topic): the highest offset claimed and when the receiver got it, and
-    the earliest chain start."""
-    beat = F.from_json(F.col("value").cast("string"),
-                       "struct<receivedAt: long, lastSent: array<struct<topic: string, "
-                       "partition: int, offset: long, chainStart: long>>>")
-    latest = F.max(F.struct(F.col("s.offset").alias("lastSent"), F.col("receivedAt")))
-    return (beats.select(beat["receivedAt"].alias("receivedAt"),
-                         F.explode(beat["lastSent"]).alias("s"))
-            .groupBy(F.col("s.topic").alias("sourceTopic"),
-                     F.col("s.partition").alias("sourcePartition"))
-            .agg(latest.alias("c"), F.min("s.chainStart").alias("firstSent"))
-            .select("sourceTopic", "sourcePartition", "c.lastSent", "c.receivedAt",
-                    "firstSent"))
 
 
 # -- the driver's side: ledgers, events, checkpoint ----------------------------------------------

@@ -11,14 +11,11 @@ Extract, transform and load are separate functions; `provenance` and `audit` (th
 are pure DataFrame -> DataFrame functions with known-answer tests.
 """
 
-import json
 import logging
 import os
 import re
 import sys
-import time
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -137,54 +134,92 @@ def _latency_columns(agg: str = "q") -> list:
 
 def audit(p: DataFrame, heartbeats: DataFrame | None = None) -> DataFrame:
     """Per source partition, from `provenance` rows: records, distinct offsets, duplicates,
-    first and last offsets, missing ranges (holes from the first offset seen, or where the
-    sender's chain started by its heartbeats, to the last one seen or announced), out-of-order
-    arrivals (a record written after a later one of its partition), and latency percentiles
-    and maximum in ms. Offsets of compacted topics are not contiguous: there a hole may be a
-    record that never existed; `compare` against the source cluster settles it."""
-    key = ["sourceTopic", "sourcePartition"]
-    arrival = Window.partitionBy("topic", "partition", *key).orderBy("offset")
+    first and last offsets, missing ranges, out-of-order arrivals (a record written after a
+    later one of its partition), and latency percentiles and maximum in ms.
+
+    Spark reduces the rows to a summary per source partition (`summarize`: runs of consecutive
+    offsets, so its size is the number of holes); the missing ranges are then judged by the
+    same ledger the streaming audit keeps (diode.accounting.ledger: holes between runs, a lost
+    tail up to what the heartbeats claim, a lost head from where the sender's chain started
+    unless the destination partition no longer starts at offset 0), one set of rules for both.
+    Offsets of compacted topics are not contiguous: there a hole may be a record that never
+    existed; `compare` against the source cluster settles it."""
+    from diode.accounting.ledger import PartitionLedger
+    spark = p.sparkSession
+    key = ("sourceTopic", "sourcePartition")
+    said = {(c.sourceTopic, c.sourcePartition): c for c in
+            (heartbeats.collect() if heartbeats is not None else [])}
+    rows = []
+    for r in summarize(p).collect():
+        runs = sorted((x.first, x.last) for x in r.runs)
+        ledger = PartitionLedger(grace_ms=0)
+        ledger.add(runs, r.records, r.outOfOrder, destination_first=r.destinationFirst)
+        c = said.get((r.sourceTopic, r.sourcePartition))
+        if c is not None:
+            ledger.claim(c.lastSent, None, 0, c.firstSent)
+        missing, _ = ledger.settle(0, caught_up=True)
+        distinct = sum(b - a + 1 for a, b in runs)
+        q = r.q or [None] * 3
+        rows.append((r.sourceTopic, r.sourcePartition, r.records, distinct,
+                     r.records - distinct, runs[0][0], runs[-1][1],
+                     sum(b - a + 1 for a, b in missing),
+                     [{"first": a, "last": b} for a, b in missing], r.outOfOrder,
+                     q[0], q[1], q[2], r.latencyMax))
+    return spark.createDataFrame(rows, AUDIT_SCHEMA).orderBy(*key)
+
+
+AUDIT_SCHEMA = (f"sourceTopic string, sourcePartition int, records long, distinct long, "
+                f"duplicates long, first long, last long, missing long, missingRanges {MISSING}, "
+                "outOfOrder long, latencyP50 long, latencyP90 long, latencyP99 long, "
+                "latencyMax long")
+
+
+SOURCE = ["sourceTopic", "sourcePartition"]
+
+
+def summarize(p: DataFrame, known: DataFrame | None = None) -> DataFrame:
+    """Per source partition of one micro-batch (`provenance` rows): runs of consecutive
+    distinct source offsets, records, out-of-order arrivals (after a later record of this batch
+    or, given `known` (sourceTopic, sourcePartition, last), of an earlier batch), latency
+    percentiles. Its size is the number of holes, not of records."""
+    arrival = Window.partitionBy("topic", "partition", *SOURCE).orderBy("offset")
     late = p.withColumn("prevMax", F.max("sourceOffset").over(
         arrival.rowsBetween(Window.unboundedPreceding, -1)))
-    counts = late.groupBy(*key).agg(
+    if known is not None:
+        late = late.join(F.broadcast(known), SOURCE, "left") \
+            .withColumn("prevMax", F.greatest("prevMax", "last"))
+    counts = late.groupBy(*SOURCE).agg(
         F.count("*").alias("records"),
-        F.min("offset").alias("destinationFirst"),
-        F.min("sourceOffset").alias("first"),
-        F.max("sourceOffset").alias("last"),
         F.sum(F.when(F.col("sourceOffset") < F.col("prevMax"), 1).otherwise(0))
         .alias("outOfOrder"),
-        _quantiles().alias("q"), F.max("latencyMs").alias("latencyMax"))
-    offsets = p.select(*key, "sourceOffset").distinct()
-    # distinct offsets counted apart: beside percentile_approx, countDistinct would keep a
-    # percentile sketch per offset
-    counts = counts.join(offsets.groupBy(*key).agg(F.count("*").alias("distinct")), key)
-    if heartbeats is not None:  # what the sender announced: sentinels just outside it
-        known = heartbeats.join(counts.select(*key, "first", "last", "destinationFirst"), key)
-        tails = known.where(F.col("lastSent") > F.col("last")) \
-            .select(*key, (F.col("lastSent") + 1).alias("sourceOffset"))
-        # a head only where the destination partition still starts at offset 0: past its
-        # retention (or compaction) the earliest records are gone, not missing
-        heads = known.where((F.col("firstSent") < F.col("first"))
-                            & (F.col("destinationFirst") == 0)) \
-            .select(*key, (F.col("firstSent") - 1).alias("sourceOffset"))
-        offsets = offsets.unionByName(tails).unionByName(heads)
-    gaps = (offsets
-            .withColumn("prev", F.lag("sourceOffset").over(
-                Window.partitionBy(*key).orderBy("sourceOffset")))
-            .where(F.col("sourceOffset") - F.col("prev") > 1)
-            .groupBy(*key)
-            .agg(F.sort_array(F.collect_list(F.struct(
-                (F.col("prev") + 1).alias("first"),
-                (F.col("sourceOffset") - 1).alias("last")))).alias("missingRanges")))
-    out = counts.join(gaps, key, "left").withColumn(
-        "missingRanges", F.coalesce("missingRanges", F.array().cast(MISSING)))
-    return (out.withColumn("duplicates", F.col("records") - F.col("distinct"))
-            .withColumn("missing", F.aggregate(
-                "missingRanges", F.lit(0).cast("long"),
-                lambda acc, r: acc + r["last"] - r["first"] + 1))
-            .select(*key, "records", "distinct", "duplicates", "first", "last", "missing",
-                    "missingRanges", "outOfOrder", *_latency_columns(), "latencyMax")
-            .orderBy(*key))
+        _quantiles().alias("q"), F.max("latencyMs").alias("latencyMax"),
+        F.max("writtenAt").alias("written"), F.min("offset").alias("destinationFirst"))
+    island = F.col("sourceOffset") - F.row_number().over(
+        Window.partitionBy(*SOURCE).orderBy("sourceOffset"))
+    runs = (p.select(*SOURCE, "sourceOffset").distinct()
+            .withColumn("island", island)
+            .groupBy(*SOURCE, "island")
+            .agg(F.min("sourceOffset").alias("first"), F.max("sourceOffset").alias("last"))
+            .groupBy(*SOURCE)
+            .agg(F.collect_list(F.struct("first", "last")).alias("runs")))
+    return counts.join(runs, SOURCE)
+
+
+def claims(beats: DataFrame) -> DataFrame:
+    """(sourceTopic, sourcePartition, lastSent, receivedAt, firstSent) from heartbeat records
+    (receiver.heartbeat.topic): the highest offset claimed and when the receiver got it, and
+    the earliest chain start."""
+    beat = F.from_json(F.col("value").cast("string"),
+                       "struct<receivedAt: long, lastSent: array<struct<topic: string, "
+                       "partition: int, offset: long, chainStart: long>>>")
+    latest = F.max(F.struct(F.col("s.offset").alias("lastSent"), F.col("receivedAt")))
+    return (beats.select(beat["receivedAt"].alias("receivedAt"),
+                         F.explode(beat["lastSent"]).alias("s"))
+            .groupBy(F.col("s.topic").alias("sourceTopic"),
+                     F.col("s.partition").alias("sourcePartition"))
+            .agg(latest.alias("c"), F.min("s.chainStart").alias("firstSent"))
+            .select("sourceTopic", "sourcePartition", "c.lastSent", "c.receivedAt",
+                    "firstSent"))
 
 
 def latency(p: DataFrame) -> dict:
@@ -288,121 +323,8 @@ def pattern_of(args) -> str:
     return args.pattern or (re.escape(args.prefix) + ".*")
 
 
-def main(args) -> int:
-    """`diode verify`: exit 0 when nothing is missing (or lost or altered), 1 otherwise."""
-    try:
-        if args.stream:
-            from diode.spark.stream import main as stream_main
-            return stream_main(args)
-        return audit_once(args)
-    except Exception as e:  # noqa: BLE001 - Spark wraps planner and executor errors: show the cause
-        say(f"failed: {cause(e)}")
-        return 2
-
-
 def cause(e: Exception) -> str:
     """The line of a (Spark-wrapped) error that says what went wrong."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     ours = [ln for ln in lines if "diode_kafka:" in ln or "diode verify" in ln]
     return (ours or lines or [type(e).__name__])[-1][:1000]
-
-
-def audit_once(args) -> int:
-    """The batch audit: the table, the JSON report, the manifest; 1 when anything is missing."""
-    started = time.monotonic()
-    say(f"starting Spark ({args.master or 'spark-submit master or local[*]'})")
-    spark = session(args.master, source=args.format)
-    try:
-        pattern = pattern_of(args)
-        say(f"auditing the topics matching {pattern} on {args.bootstrap} "
-            f"({choose_format(spark, args.format)} source)")
-        rows = extract(spark, args.bootstrap, pattern, args.format)
-        p = provenance(rows, args.written_at_header).persist(StorageLevel.MEMORY_AND_DISK)
-        beats = extract_heartbeats(spark, args.bootstrap, args.heartbeat_topic, args.format) \
-            if args.heartbeat_topic else None
-        audit_start = time.monotonic()
-        rep = report(audit(p, beats))
-        rep["totals"]["latencyMs"] = latency(p)
-        took = time.monotonic() - audit_start
-        n = rep["totals"]["records"]
-        say(f"audited {n} records of {len(rep['partitions'])} source partitions in "
-            f"{took:.1f} s ({n / max(took, 1e-9):.0f} records/s)")
-        if args.source_bootstrap:
-            topics = sorted({r["sourceTopic"] for r in rep["partitions"]})
-            say(f"comparing with the source cluster {args.source_bootstrap}: "
-                f"{len(topics)} topics")
-            source = extract(spark, args.source_bootstrap,
-                             "|".join(re.escape(t) for t in topics) or "(?!)", args.format)
-            rep["comparison"] = [r.asDict() for r in
-                                 compare(source, rows, args.written_at_header).collect()]
-            rep["totals"].update({k: sum(r[k] for r in rep["comparison"])
-                                  for k in ("lost", "duplicated", "altered")})
-        p.unpersist()
-    finally:
-        spark.stop()
-    say(f"done in {time.monotonic() - started:.1f} s")
-    print(table(rep))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rep, f, indent=1)
-    if args.manifest:
-        with open(args.manifest, "w") as f:
-            json.dump(manifest(rep), f, indent=1)
-    if "comparison" in rep:
-        t = rep["totals"]
-        print(f"against the source: {t['lost']} lost, {t['duplicated']} duplicated, "
-              f"{t['altered']} altered")
-    t = rep["totals"]
-    return 1 if t["missing"] or t.get("lost") or t.get("altered") else 0
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--bootstrap", required=True, help="the destination cluster")
-    p.add_argument("--prefix", default="", help="destination topic prefix (receiver.topic.prefix)")
-    p.add_argument("--pattern", help="destination topics by regular expression instead")
-    p.add_argument("--heartbeat-topic", help="receiver.heartbeat.topic, for the missing tail")
-    p.add_argument("--written-at-header", default="writtenAt",
-                   help="receiver.written.at.header, for latency ('' for none)")
-    p.add_argument("--source-bootstrap", help="the source cluster too: compare record by record "
-                   "(lost, duplicated, altered); soak tests and pre-production")
-    p.add_argument("--json", help="write the report as JSON")
-    p.add_argument("--manifest", help="write the resend manifest (missing ranges)")
-    p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
-    p.add_argument("--format", choices=("auto", "native", "python"), default="auto",
-                   help="Kafka source: Spark's spark-sql-kafka (native; fetched through mvn "
-                   "the first time), diode's Python source (python; no JVM jars), or native "
-                   "when on the classpath or cached, else python (auto)")
-    s = p.add_argument_group("streaming mode (--stream): keep auditing as records arrive")
-    s.add_argument("--stream", action="store_true", help="audit continuously; report missing "
-                   "ranges and later fills as they are seen")
-    s.add_argument("--checkpoint", help="directory for Spark's checkpoint and the audit's "
-                   "ledger (required with --stream; a restart carries on from it)")
-    s.add_argument("--missing-topic", help="write missing/filled events (JSON) to this topic of "
-                   "the destination cluster")
-    s.add_argument("--missing-parquet", help="append missing/filled events to Parquet here")
-    s.add_argument("--trigger-seconds", type=float, default=10.0,
-                   help="how often a micro-batch runs (default 10)")
-    s.add_argument("--max-offsets-per-trigger", type=int, default=1_000_000,
-                   help="records per micro-batch at most (default 1000000)")
-    s.add_argument("--grace-seconds", type=float, default=60.0, help="how long a heartbeat's "
-                   "claim waits before its missing tail is reported (default 60)")
-    s.add_argument("--run-seconds", type=float, default=0.0,
-                   help="stop after this long (default 0: until Ctrl-C)")
-    s.add_argument("--available-now", action="store_true", help="audit what the topics hold "
-                   "now (in micro-batches), then stop: run it from cron for an incremental "
-                   "audit that carries on from its checkpoint each time")
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("verify", help="audit the destination topics on Spark: per source "
-                       "partition records, duplicates, missing ranges, order, latency "
-                       "(exit 1: missing)")
-    add_arguments(p)
-    p.set_defaults(func=main)
-
-
-if __name__ == "__main__":  # spark-submit …/diode/spark/verify.py ARGS
-    import argparse
-    parser = argparse.ArgumentParser(prog="diode verify")
-    add_arguments(parser)
-    sys.exit(main(parser.parse_args()))

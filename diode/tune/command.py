@@ -11,9 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from diode import topology as topo
+from diode.runtime import topology as topo
 from diode.errors import DiodeError
-from diode.topology import PIPELINES, SIDES
+from diode.runtime.topology import PIPELINES, SIDES
 from diode.tune import edit, live
 from diode.tune.decide import UTILISATION, Machine, decide
 from diode.tune.machine import pacing_advice, read_machine, sysctl_advice

@@ -19,7 +19,7 @@ The rule (the CPU guidance, docs/tuning.md):
 import math
 from dataclasses import dataclass, field
 
-from diode.topology import PIPELINES, SINGLE_INSTANCE
+from diode.runtime.topology import PIPELINES, SINGLE_INSTANCE
 
 UTILISATION = 0.7
 MAX_INSTANCES = 64

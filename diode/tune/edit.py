@@ -8,7 +8,7 @@ import io
 import os
 from pathlib import Path
 
-from diode.topology import PIPELINES, SIDES
+from diode.runtime.topology import PIPELINES, SIDES
 
 
 def stage_settings(instances: int, cores: list) -> dict:

@@ -1,5 +1,5 @@
 """`diode tune --live`: which stage of a running launch to widen or narrow, from its own
-metrics (each worker's metrics file and the supervisor's status, diode.launches), read twice
+metrics (each worker's metrics file and the supervisor's status, diode.runtime.launches), read twice
 some seconds apart:
 
 - a stage's load is the CPU its instances used per second (cores' worth); it needs
@@ -19,10 +19,10 @@ import math
 import time
 from pathlib import Path
 
-from diode import launches
+from diode.runtime import launches
 from diode.errors import DiodeError
-from diode.metrics import read_counter
-from diode.topology import PIPELINES, SINGLE_INSTANCE
+from diode.runtime.metrics import read_counter
+from diode.runtime.topology import PIPELINES, SINGLE_INSTANCE
 from diode.tune.decide import UTILISATION
 
 # per worker, the metrics read (counters and gauges alike: read_counter sums samples)

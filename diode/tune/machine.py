@@ -46,7 +46,7 @@ def read_machine(host: str, sample_seconds: float = 0.5) -> tuple[Machine, dict]
     device the link's host is reached by, and the network sysctls. Facts it cannot read are
     left out (the report says so), never guessed."""
     import psutil
-    from diode import pacing
+    from diode.link import pacing
     cores = tuple(sorted(os.sched_getaffinity(0)))
     percent = psutil.cpu_percent(interval=sample_seconds, percpu=True)
     busy = {c: percent[c] / 100 for c in cores if c < len(percent)}

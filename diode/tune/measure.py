@@ -26,9 +26,9 @@ from pathlib import Path
 import psutil
 import yaml
 
-from diode import topology as topo
+from diode.runtime import topology as topo
 from diode.errors import DiodeError
-from diode.topology import PIPELINES, SIDES
+from diode.runtime.topology import PIPELINES, SIDES
 
 WARMUP_SECONDS = 4.0
 MEASURE_SECONDS = 10.0
@@ -111,7 +111,7 @@ def sample_sizes(t, seconds: float = 10.0, count: int = SAMPLE_RECORDS) -> list:
     records of the sender's topics, read from the source cluster; DiodeError when it cannot be
     reached or holds none."""
     from confluent_kafka import Consumer, TopicPartition
-    from diode.kafka import TopicSelector, client_settings, partition_counts
+    from diode.kafka.clients import TopicSelector, client_settings, partition_counts
     conf = {**client_settings(t, "sender"), "group.id": f"diode-tune-{secrets.token_hex(4)}",
             "enable.auto.commit": False, "log_level": 0}
     consumer = Consumer(conf)
@@ -198,8 +198,8 @@ class Bench:
         self.close()
 
     def _brokers(self) -> None:
-        from diode import brokers as embedded
-        from diode.kafka import client_settings
+        from diode.kafka import brokers as embedded
+        from diode.kafka.clients import client_settings
         configured = not self.t.brokers and self.use_configured
         if configured and _answers(client_settings(self.t, "sender")) \
                 and _answers(client_settings(self.t, "receiver")):
@@ -235,8 +235,8 @@ class Bench:
         own, `stages` ({side: {stage: {instances, cpus, ...}}}), the link on loopback through
         a free port. Returns (path, topic, udp port)."""
         from confluent_kafka.admin import AdminClient
-        from diode import brokers as embedded
-        from diode.kafka import admin_config, create_topic
+        from diode.kafka import brokers as embedded
+        from diode.kafka.clients import admin_config, create_topic
         self._n += 1
         topic = f"diode-tune-{self.id}-{self._n}"
         create_topic(AdminClient(admin_config(self.src)), topic, PARTITIONS)
@@ -353,7 +353,7 @@ def _worker_cpu(launches: dict) -> dict:
 def _answers(kafka: dict, timeout: float = 5.0) -> bool:
     """Whether a cluster answers a metadata request within `timeout`."""
     from confluent_kafka.admin import AdminClient
-    from diode.kafka import admin_config
+    from diode.kafka.clients import admin_config
     if not kafka.get("bootstrap.servers"):
         return False
     try:
@@ -365,7 +365,7 @@ def _answers(kafka: dict, timeout: float = 5.0) -> bool:
 
 def _delete_topics(kafka: dict, topics: list) -> None:
     from confluent_kafka.admin import AdminClient
-    from diode.kafka import admin_config
+    from diode.kafka.clients import admin_config
     try:
         futures = AdminClient(admin_config(kafka)).delete_topics(topics, operation_timeout=15)
         for f in futures.values():

@@ -10,8 +10,8 @@ mode, each a subprocess mode of bench.py measured exactly as diode is.
   memory, prints `ready`, and on `go` (stdin) produces them with the provenance headers, as
   the kafka_writer writes them.
 
-Producers use diode's own producer settings (diode.kafka.producer_config). Every baseline stays
-after its work until SIGTERM, so the bench reads its CPU time as it does diode's.
+Producers use diode's own producer settings (diode.kafka.clients.producer_config). Every baseline
+stays after its work until SIGTERM, so the bench reads its CPU time as it does diode's.
 """
 
 import select
@@ -21,7 +21,7 @@ import time
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from diode.kafka import producer_config
+from diode.kafka.clients import producer_config
 
 from .workload import PARTITIONS
 

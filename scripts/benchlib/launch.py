@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from diode.metrics import read_counter
+from diode.runtime.metrics import read_counter
 
 from .resources import REPO, Bench, log
 
@@ -60,7 +60,7 @@ def topology(b: Bench, name: str, src: str, dst: str, topic: str, prefix: str, u
 
 
 def group_id(cfg: dict) -> str:
-    """The sender's consumer group (diode.kafka.consumer_config: diode-NAME unless set)."""
+    """The sender's consumer group (diode.kafka.clients.consumer_config: diode-NAME unless set)."""
     return cfg["sender"]["kafka"].get("group.id") or f"diode-{cfg['name']}"
 
 

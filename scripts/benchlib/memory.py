@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from diode.brokers import free_port
+from diode.kafka.brokers import free_port
 
 from . import net
 from .cpu import CpuWatch, diode_label

@@ -24,7 +24,7 @@ def udp_socket(port: int) -> dict | None:
     """The socket bound to 127.0.0.1:`port` as /proc/net/udp shows it: `rx_queue`, the bytes
     waiting in its receive buffer (as the kernel charges them, overhead included), and `drops`,
     the datagrams discarded because that buffer was full. None while nothing is bound there."""
-    from diode import udpstat
+    from diode.link import udpstat
     want = f"0100007F:{port:04X}"
     return next(({"rx_queue": s["rx_queue"], "drops": s["drops"]} for s in udpstat.sockets()
                  if s["local"] == want), None)

@@ -8,7 +8,7 @@ import os
 import socket
 import time
 
-from diode.brokers import free_port
+from diode.kafka.brokers import free_port
 
 from . import net, sender
 from .cpu import CpuWatch, diode_label

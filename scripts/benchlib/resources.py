@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from diode.brokers import EmbeddedBroker, free_port, make_broker
+from diode.kafka.brokers import EmbeddedBroker, free_port, make_broker
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH_PY = REPO / "scripts" / "bench.py"

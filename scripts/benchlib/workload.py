@@ -19,7 +19,7 @@ class Source:
     size_name: str
     value_size: int
     count: int
-    broker: object  # diode.brokers.EmbeddedBroker
+    broker: object  # diode.kafka.brokers.EmbeddedBroker
     topic: str
     ends: dict      # partition -> end offset (from the delivery reports)
 

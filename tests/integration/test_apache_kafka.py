@@ -9,7 +9,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from diode.linksim import Faults, FaultSettings
+from diode.link.linksim import Faults, FaultSettings
 from tests.conftest import (client, committed_offsets, consume, create_topic, headers_of,
                             produce, source_coordinates, write_topology)
 from tests.integration.test_hostile_link import Link, missing_offsets, settle
@@ -236,8 +236,8 @@ def log_batches(broker, directory: str) -> list:
     import re
     import subprocess
 
-    from diode import maven
-    from diode.brokers import KAFKA
+    from diode.kafka import maven
+    from diode.kafka.brokers import KAFKA
     files = sorted(str(f) for f in (broker.dir / "data" / directory).glob("*.log"))
     r = subprocess.run(["java", "-cp", ":".join(maven.jars(KAFKA)),
                         "kafka.tools.DumpLogSegments", "--files", ",".join(files)],

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from diode import maven
-from diode.brokers import KAFKA, KafkaBroker, free_port, make_broker
+from diode.kafka import maven
+from diode.kafka.brokers import KAFKA, KafkaBroker, free_port, make_broker
 from diode.errors import DiodeError
 from tests.conftest import consume, create_topic, produce
 

@@ -166,7 +166,7 @@ def test_garbage_datagrams_crash_nothing_and_write_nothing(tmp_path, brokers, la
 def test_sender_started_before_its_source_cluster_waits_and_loses_nothing(tmp_path, launch,
                                                                          broker_kind):
     """A source broker that is down: clear errors, no crash, replication once it is up."""
-    from diode.brokers import make_broker
+    from diode.kafka.brokers import make_broker
     from tests.conftest import free_port
     sp = free_port()
     dst = make_broker(broker_kind, "destination", f"127.0.0.1:{free_port()}").start()

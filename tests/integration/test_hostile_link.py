@@ -1,4 +1,4 @@
-"""A hostile link, simulated by diode.linksim between the sender and the receiver."""
+"""A hostile link, simulated by diode.link.linksim between the sender and the receiver."""
 
 import json
 import random
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from diode.linksim import Faults, FaultSettings, LinkSim
+from diode.link.linksim import Faults, FaultSettings, LinkSim
 from tests.conftest import (consume, create_topic, free_port, headers_of, produce,
                             source_coordinates, write_topology)
 

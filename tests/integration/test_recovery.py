@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from diode.brokers import free_port
+from diode.kafka.brokers import free_port
 from diode.errors import DiodeError
-from diode.recovery import last_reported, last_written
+from diode.kafka.recovery import last_reported, last_written
 from tests.conftest import RECENT_MS, create_topic, produce
 
 

@@ -10,7 +10,7 @@ import time
 
 import yaml
 
-from diode import topology
+from diode.runtime import topology
 from tests.conftest import ROOT
 
 STAGES = {"kafka_reader", "packer", "udp_sender", "udp_reader", "unpacker", "kafka_writer"}

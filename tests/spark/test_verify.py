@@ -295,12 +295,12 @@ def test_spark_submit_runs_an_incremental_streaming_audit_that_carries_on(broker
 
     import pyspark
 
-    import diode.spark.verify
+    import diode.spark.command
     _, dst = brokers
     plant(dst.bootstrap)
     report_path = tmp_path / "report.json"
     cmd = [str(Path(pyspark.__file__).parent / "bin" / "spark-submit"), "--master", "local[2]",
-           "--conf", f"spark.pyspark.python={sys.executable}", diode.spark.verify.__file__,
+           "--conf", f"spark.pyspark.python={sys.executable}", diode.spark.command.__file__,
            "--bootstrap", dst.bootstrap, "--prefix", "dst_", "--heartbeat-topic", "beats",
            "--stream", "--available-now", "--checkpoint", str(tmp_path / "ck"),
            "--grace-seconds", "0", "--max-offsets-per-trigger", "20", "--format", "python",

@@ -9,11 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 import zmq
 
-from diode import crypto, runs, transport, wire
-from diode.metrics import Metrics
-from diode.records import Record, partition_owner
-from diode.topology import WorkerSpec, endpoint, from_dict
-from diode.worker import Secrets, StageContext, stage_class
+from diode.link import crypto, runs, wire
+from diode.runtime import transport
+from diode.runtime.metrics import Metrics
+from diode.link.records import Record, partition_owner
+from diode.runtime.topology import WorkerSpec, from_dict
+from diode.runtime.worker import Secrets, StageContext, stage_class
 from tests.conftest import free_port
 
 MASTER = crypto.master_key_from_password(b"pw", b"salt")
@@ -199,12 +200,12 @@ def test_udp_sender_keeps_acknowledgements_until_its_reader_is_there(zctx, tmp_p
                                                run_dir, Secrets(1, MASTER), zctx,
                                                Metrics({"stage": "udp_sender"})))
     s.open()
-    feed = transport.push(zctx, [endpoint(run_dir, "sender", "udp_sender", 0)], 10)
+    feed = transport.push(zctx, [s.ctx.bound("in")], 10)  # as a packer reaches it
     feed.send_multipart([transport.dumps([[(0, 77, 5)], [(0, 78, 2)]]), b"one", b"two"])
     run_until(s, lambda: s.metrics.get("datagrams") == 2)
     for _ in range(3):
         s.step()  # no reader yet
-    acks = transport.pull(zctx, endpoint(run_dir, "sender", "kafka_reader", 0, "acks"), 10)
+    acks = transport.pull(zctx, s.ctx.peers("acks")[0], 10)  # the reader's, as it binds it
     got = []
     deadline = time.monotonic() + 5
     while not got and time.monotonic() < deadline:

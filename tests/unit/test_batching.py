@@ -1,4 +1,4 @@
-"""diode.batching: the packer's datagram filling, checked by decoding what it produced."""
+"""diode.link.batching: the packer's datagram filling, checked by decoding what it produced."""
 
 import os
 from collections import Counter
@@ -6,9 +6,9 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from diode import codec, crypto, runs, wire
-from diode.batching import DatagramBuilder
-from diode.records import Record
+from diode.link import codec, crypto, runs, wire
+from diode.link.batching import DatagramBuilder
+from diode.link.records import Record
 
 MASTER = os.urandom(32)
 PARTITIONS = 3

@@ -1,9 +1,9 @@
-"""diode.capacity: what this machine's receiver takes, and `diode check`'s warning from it."""
+"""diode.tune.capacity: what this machine's receiver takes, and `diode check`'s warning from it."""
 
 import pytest
 
-from diode import topology
-from diode.capacity import ReceiverCapacity, check_rate, measure_receiver
+from diode.runtime import topology
+from diode.tune.capacity import ReceiverCapacity, check_rate, measure_receiver
 
 
 def topo(rate_mbps=400.0, **stages):

@@ -1,6 +1,6 @@
-"""diode.checkpoints: where a replay starts, whatever the writer count was."""
+"""diode.runtime.checkpoints: where a replay starts, whatever the writer count was."""
 
-from diode import checkpoints
+from diode.runtime import checkpoints
 
 
 def test_replay_starts_at_the_lowest_writer_checkpoint_and_waits_for_every_writer(tmp_path):

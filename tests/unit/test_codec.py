@@ -1,13 +1,13 @@
-"""diode.codec: the compression around datagram payloads, bounded on the way in."""
+"""diode.link.codec: the compression around datagram payloads, bounded on the way in."""
 
 import os
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from diode import codec, runs
+from diode.link import codec, runs
 from diode.errors import RejectedDatagram
-from diode.records import Record
+from diode.link.records import Record
 
 # -- compression -------------------------------------------------------------------------------
 

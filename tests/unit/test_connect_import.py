@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from diode import cli, topology
+from diode import cli
+from diode.runtime import topology
 from diode.connect_import import (
     Config,
     PropertiesError,

@@ -1,12 +1,12 @@
-"""diode.crypto: master keys, per-session keys, AEAD sealing and the receiver's keyring."""
+"""diode.link.crypto: master keys, per-session keys, AEAD sealing and the receiver's keyring."""
 
 import os
 
 import pytest
 
-from diode import crypto, runs, wire
+from diode.link import crypto, runs, wire
 from diode.errors import RejectedDatagram, SecretError
-from diode.records import Record
+from diode.link.records import Record
 
 ONE = Record("t", 0, 5, 0, 0, None, b"v", ())
 

@@ -1,4 +1,4 @@
-"""diode.fec: lost data datagrams come back byte for byte from parity, bursts included, and the
+"""diode.link.fec: lost data datagrams come back byte for byte from parity, bursts included, and the
 receiver's memory stays bounded whatever arrives."""
 
 import random
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diode.fec import (
+from diode.link.fec import (
     ENTRY,
     PARITY_HEADER,
     BlockDecoder,

@@ -1,4 +1,4 @@
-"""diode.fragments: a record larger than a datagram crosses whole, or is reported lost; memory
+"""diode.link.fragments: a record larger than a datagram crosses whole, or is reported lost; memory
 stays bounded whatever the network delivers."""
 
 import random
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diode.crypto import TAG_BYTES
-from diode.fragments import (
+from diode.link.crypto import TAG_BYTES
+from diode.link.fragments import (
     FRAGMENT_HEADER,
     FRAGMENT_HEADER_BYTES,
     FRAGMENT_VERSION,
@@ -18,7 +18,7 @@ from diode.fragments import (
     parse,
     split,
 )
-from diode.wire import HEADER_BYTES
+from diode.link.wire import HEADER_BYTES
 
 MTU_CHUNK = 1472 - HEADER_BYTES - TAG_BYTES - FRAGMENT_HEADER_BYTES
 MiB = 1024 * 1024

@@ -1,4 +1,4 @@
-"""diode.journal: what the receiver relies on after a crash, a full disk or a restart."""
+"""diode.runtime.journal: what the receiver relies on after a crash, a full disk or a restart."""
 
 import errno
 import io
@@ -9,8 +9,8 @@ import zlib
 
 import pytest
 
-from diode import journal as journal_mod
-from diode.journal import HEADER, Journal, JournalError, JournalFull, records, segment_name
+from diode.runtime import journal as journal_mod
+from diode.runtime.journal import HEADER, Journal, JournalError, JournalFull, records, segment_name
 
 REC = HEADER.size
 
@@ -121,7 +121,7 @@ def test_torn_or_corrupt_tail_is_cut_and_the_journal_keeps_working(tmp_path, cap
             f.write(HEADER.pack(0xFFFFFFFF, 0))
             cut = REC + 42
 
-    with caplog.at_level(logging.WARNING, logger="diode.journal"):
+    with caplog.at_level(logging.WARNING, logger="diode.runtime.journal"):
         j = opened(tmp_path)
     assert f"cut {cut} bytes" in caplog.text
     assert j.end == positions[2]
@@ -166,7 +166,7 @@ def test_release_deletes_only_whole_segments_below_the_mark(tmp_path):
 def test_reading_from_a_released_position_starts_at_start(tmp_path, caplog):
     j, positions = fill_segments(tmp_path, 6)
     j.release(200)
-    with caplog.at_level(logging.WARNING, logger="diode.journal"):
+    with caplog.at_level(logging.WARNING, logger="diode.runtime.journal"):
         got = list(j.read(0))
     assert got == [(200, datagram(4)), (250, datagram(5))]
     assert "released" in caplog.text
@@ -313,7 +313,7 @@ def test_a_corrupt_older_segment_is_skipped_to_the_next(tmp_path, caplog):
     with open(tmp_path / segment_name(100), "r+b") as f:
         f.seek(REC)                                          # the first payload byte at 100
         f.write(b"!")
-    with caplog.at_level(logging.WARNING, logger="diode.journal"):
+    with caplog.at_level(logging.WARNING, logger="diode.runtime.journal"):
         got = [p for p, _ in j.read(0)]
     assert got == [0, 50, 200, 250]
     assert "skipping to the next segment" in caplog.text

@@ -1,4 +1,4 @@
-"""diode.kafka.TopicSelector: which source partitions each kafka_reader owns."""
+"""diode.kafka.clients.TopicSelector: which source partitions each kafka_reader owns."""
 
 import os
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from diode.kafka import TopicSelector
+from diode.kafka.clients import TopicSelector
 
 CLUSTER = {
     "orders": 3, "orders-eu": 2, "payments": 4, "audit.log": 1, "audit_log": 1,
@@ -77,7 +77,7 @@ def test_split_is_stable_across_processes():
     a = TopicSelector([], [".*"], index=1, readers=3).owned(CLUSTER)
     b = TopicSelector([], [".*"], index=1, readers=3).owned(CLUSTER)
     assert a == b
-    code = ("from diode.kafka import TopicSelector;"
+    code = ("from diode.kafka.clients import TopicSelector;"
             f"print(sorted(TopicSelector([], ['.*'], index=1, readers=3).owned({CLUSTER!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout

@@ -1,10 +1,11 @@
-"""diode.linksim: the faults the link simulator injects are the ones asked for, reproducibly."""
+"""diode.link.linksim: the faults the link simulator injects are the ones asked for,
+reproducibly."""
 
 import json
 import socket
 import threading
 
-from diode.linksim import Faults, FaultSettings, LinkSim
+from diode.link.linksim import Faults, FaultSettings, LinkSim
 
 
 def run(settings, n=20000):

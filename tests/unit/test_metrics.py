@@ -1,10 +1,10 @@
-"""diode.metrics: Prometheus text that operators, `diode status` and tests read back."""
+"""diode.runtime.metrics: Prometheus text that operators, `diode status` and tests read back."""
 
 import re
 
 import pytest
 
-from diode.metrics import Metrics, read_counter
+from diode.runtime.metrics import Metrics, read_counter
 
 SAMPLE = re.compile(r'^diode_[a-z_]+\{([a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*)?\} \S+$')
 

@@ -1,10 +1,10 @@
-"""diode.offsets.SentTracker: commit only the longest fully sent prefix of each partition."""
+"""diode.kafka.offsets.SentTracker: commit only the longest fully sent prefix of each partition."""
 
 import random
 
 from hypothesis import given, settings, strategies as st
 
-from diode.offsets import SentTracker
+from diode.kafka.offsets import SentTracker
 
 A0, A1, B0 = ("a", 0), ("a", 1), ("b", 0)
 

@@ -1,12 +1,13 @@
-"""diode.ordering.PartitionState: source order, no duplicates, and exactly the missing records."""
+"""diode.accounting.ordering.PartitionState: source order, no duplicates, and exactly the missing
+records."""
 
 import random
 
 from hypothesis import given, settings, strategies as st
 
-from diode import runs
-from diode.ordering import Missing, PartitionState
-from diode.records import RESEND, Record
+from diode.link import runs
+from diode.accounting.ordering import Missing, PartitionState
+from diode.link.records import RESEND, Record
 
 
 def chain(offsets, start_chain=True, per_run=1):

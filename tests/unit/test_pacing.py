@@ -1,4 +1,4 @@
-"""diode.pacing: the sender never bursts above the link rate (nothing tells it of drops), and
+"""diode.link.pacing: the sender never bursts above the link rate (nothing tells it of drops), and
 pacing it costs a few per cent of a core, not one."""
 
 import json
@@ -9,8 +9,8 @@ import struct
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from diode import pacing
-from diode.pacing import Egress, Pacer, burst_bytes, open_pacer
+from diode.link import pacing
+from diode.link.pacing import Egress, Pacer, burst_bytes, open_pacer
 
 LINK_400 = 400e6 / 8  # 400 Mbit/s in bytes per second
 

@@ -1,11 +1,11 @@
-"""diode.replay.ReplayWindow: every datagram is accepted at most once, in any order."""
+"""diode.link.replay.ReplayWindow: every datagram is accepted at most once, in any order."""
 
 import random
 
 import pytest
 
 from diode.errors import RejectedDatagram
-from diode.replay import ReplayWindow
+from diode.link.replay import ReplayWindow
 
 
 def accepted(w, session, seqs):

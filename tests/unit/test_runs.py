@@ -1,13 +1,13 @@
-"""diode.runs: records of one partition as columns, exactly as they cross the link."""
+"""diode.link.runs: records of one partition as columns, exactly as they cross the link."""
 
 import os
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from diode import runs
+from diode.link import runs
 from diode.errors import RejectedDatagram
-from diode.records import RESEND, Record
+from diode.link.records import RESEND, Record
 
 optional_bytes = st.one_of(st.none(), st.binary(max_size=200))
 headers = st.lists(st.tuples(st.text(max_size=20), optional_bytes), max_size=4).map(tuple)

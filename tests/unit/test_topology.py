@@ -1,4 +1,4 @@
-"""diode.topology: loading, validating (every error at once), the plan and the reference."""
+"""diode.runtime.topology: loading, validating (every error at once), the plan and the reference."""
 
 import copy
 import dataclasses
@@ -8,7 +8,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from diode import topology
+from diode.runtime import topology
 from diode.errors import TopologyError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -305,7 +305,7 @@ def test_malformed_references_are_reported(value, fragment):
 def test_references_resolve_from_a_file_beside_the_topology_and_the_environment(tmp_path,
                                                                                  monkeypatch):
     from diode.errors import SecretError
-    from diode.kafka import client_settings, consumer_config
+    from diode.kafka.clients import client_settings, consumer_config
     (tmp_path / "pw").write_text("from-the-file\n")
     monkeypatch.setenv("DIODE_TEST_USER", "alice")
     path = tmp_path / "t.yaml"
@@ -354,6 +354,30 @@ def test_plan_lists_processes_in_data_flow_order_with_instance_counts():
     assert [s.stage for s in receiver_only] == ["udp_reader", "unpacker", "unpacker",
                                                 "kafka_writer", "kafka_writer",
                                                 "kafka_writer", "kafka_writer"]
+
+
+def test_every_queue_a_worker_reaches_is_bound_by_exactly_one_worker():
+    """The wiring (diode.runtime.wiring), which the stages open their sockets from and
+    `diode check` prints: nothing dangles, nothing is bound twice, whatever the counts."""
+    from diode.runtime import wiring
+    t = topology.from_dict(minimal(
+        sender={"stages": {"kafka_reader": {"instances": 2}, "packer": {"instances": 3}}},
+        receiver={"stages": {"unpacker": {"instances": 2}, "kafka_writer": {"instances": 4}}},
+    ), cpu_count=4)
+    specs = topology.plan(t)
+    bound = [e for s in specs for e in (wiring.bound("/run", s, p)
+                                        for p in wiring.QUEUES[s.stage][0])]
+    assert len(bound) == len(set(bound)) == len(specs)
+    for s in specs:
+        for name in wiring.QUEUES[s.stage][1]:
+            reached = wiring.peers(t, "/run", s, name)
+            assert reached and set(reached) <= set(bound), (s.name, name)
+    packer = next(s for s in specs if s.stage == "packer")
+    assert wiring.peers(t, "/run", packer, "acks") == [
+        "ipc:///run/sender-kafka_reader-0.acks", "ipc:///run/sender-kafka_reader-1.acks"]
+    binds, connects = wiring.describe(t, next(s for s in specs if s.stage == "udp_reader"),
+                                      "/run")
+    assert binds[0].startswith("udp://") and len(connects) == 2  # the two unpackers
 
 
 def test_endpoints_are_distinct_per_process_and_purpose():

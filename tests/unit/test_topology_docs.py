@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from diode import topology
+from diode.runtime import topology
 
 ROOT = Path(__file__).parents[2]
 

@@ -88,7 +88,7 @@ def test_sysctls_too_small_for_the_rate_are_named_with_the_value_to_set():
 
 
 def topology_for(host="10.0.0.2", rate_mbps=0):
-    from diode import topology
+    from diode.runtime import topology
     return topology.from_dict({"link": {"host": host, "port": 4000,
                                         "datagram.size.bytes": 8972, "rate.mbps": rate_mbps},
                                "security": {"password.file": "p", "salt": "s"},

@@ -7,9 +7,9 @@ from itertools import pairwise
 from hypothesis import given
 from hypothesis import strategies as st
 
-from diode.ranges import holes, merge, overlap, subtract
+from diode.accounting.ranges import holes, merge, overlap, subtract
 from diode.spark.kafka_source import cap
-from diode.spark.ledger import PartitionLedger
+from diode.accounting.ledger import PartitionLedger
 
 
 def runs_of(offsets: set) -> list:

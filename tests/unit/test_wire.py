@@ -1,4 +1,4 @@
-"""diode.wire: the datagram format, end to end through compression and encryption."""
+"""diode.link.wire: the datagram format, end to end through compression and encryption."""
 
 import os
 import struct
@@ -6,9 +6,9 @@ import struct
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from diode import codec, crypto, runs, wire
+from diode.link import codec, crypto, runs, wire
 from diode.errors import RejectedDatagram
-from diode.records import Record
+from diode.link.records import Record
 
 MASTER = os.urandom(32)
 CIPHERS = ["none", "aes-256-gcm", "chacha20-poly1305"]

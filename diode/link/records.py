@@ -1,5 +1,5 @@
 """Kafka records as small immutable values (tests, rare paths: the data path moves runs,
-diode.runs), and which writer owns a source partition."""
+diode.link.runs), and which writer owns a source partition."""
 
 from typing import NamedTuple
 import zlib
@@ -22,8 +22,8 @@ class Record(NamedTuple):
     value: bytes | None
     headers: tuple  # ((name: str, value: bytes | None), ...)
     # The offset of the record the sender sent before this one from the same partition, -1
-    # for the first record of a chain (diode.ordering explains how gaps are found from it), or
-    # RESEND.
+    # for the first record of a chain (diode.accounting.ordering explains how gaps are found from
+    # it), or RESEND.
     prev_offset: int = -1
 
 

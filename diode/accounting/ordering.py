@@ -1,8 +1,8 @@
 """Order, duplicates and exact gaps of one source partition, at the writer that owns it.
 
 Offsets of a source partition are not contiguous (compaction, transaction markers), so the sender
-tells the chain: records travel in runs (diode.runs) of consecutive records of the chain, and each
-run carries the offset of the record the sender sent before its first (`prev`; -1 when the run
+tells the chain: records travel in runs (diode.link.runs) of consecutive records of the chain, and
+each run carries the offset of the record the sender sent before its first (`prev`; -1 when the run
 starts a chain, after a sender start or rewind). State is kept per run, not per record: a run
 that continues the chain is written whole; only runs that overlap what is already resolved are
 cut, by offset.

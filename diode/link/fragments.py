@@ -1,7 +1,7 @@
 """Records larger than one datagram: splitting on the packer, reassembly on the unpacker.
 
-How a large record crosses. The packer takes the record alone as a run (diode.runs), compresses it
-as a whole and `split`s that payload into chunks. Each chunk travels in its own
+How a large record crosses. The packer takes the record alone as a run (diode.link.runs),
+compresses it as a whole and `split`s that payload into chunks. Each chunk travels in its own
 datagram of kind FRAGMENT, sealed by the session like a data datagram: its own sequence number
 (so its own nonce and its own place in the replay window), its own AEAD tag. The header's
 routing key is the group id, so every chunk of a record reaches the same unpacker. Inside the

@@ -39,7 +39,7 @@ import zlib
 
 from diode.errors import DiodeError
 
-log = logging.getLogger("diode.journal")
+log = logging.getLogger("diode.runtime.journal")
 
 HEADER = struct.Struct("<II")          # length, crc32 of the datagram
 MAX_DATAGRAM = 65535                   # larger than any UDP payload: a longer length is corruption

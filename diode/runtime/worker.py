@@ -22,10 +22,10 @@ import setproctitle
 import zmq
 
 from diode.errors import DiodeError
-from diode.metrics import Metrics
-from diode.topology import Topology, WorkerSpec
+from diode.runtime.metrics import Metrics
+from diode.runtime.topology import Topology, WorkerSpec
 
-log = logging.getLogger("diode.worker")
+log = logging.getLogger("diode.runtime.worker")
 
 PR_SET_PDEATHSIG = 1
 # Python's cyclic garbage collector, left to itself, was 13-16 % of a kafka_writer's and a
@@ -67,15 +67,22 @@ class StageContext:
     zmq: zmq.Context
     metrics: Metrics
     incarnation: int = 1  # how many times the supervisor has started this worker
-    inherited: dict = field(default_factory=dict)  # what the stage's `prepare` made in the supervisor (a socket)
+    # what the stage's `prepare` made in the supervisor (a socket)
+    inherited: dict = field(default_factory=dict)
 
     @property
     def hwm(self) -> int:
         return self.topology.supervisor.queue_max_messages
 
-    def endpoint(self, stage: str, index: int, purpose: str = "in") -> str:
-        from diode.topology import endpoint
-        return endpoint(self.run_dir, self.spec.side, stage, index, purpose)
+    def bound(self, purpose: str = "in") -> str:
+        """The endpoint this worker binds for `purpose` (diode.runtime.wiring)."""
+        from diode.runtime import wiring
+        return wiring.bound(self.run_dir, self.spec, purpose)
+
+    def peers(self, name: str) -> list[str]:
+        """The endpoints of every instance this worker's `name` queue reaches."""
+        from diode.runtime import wiring
+        return wiring.peers(self.topology, self.run_dir, self.spec, name)
 
     def instances(self, stage: str) -> int:
         return self.topology.stage(self.spec.side, stage).instances
@@ -110,7 +117,7 @@ class Stage:
     def outbox(self, sock, limit: int = 4):
         """A transport.Outbox whose backpressure the stage's metrics report
         (output_blocked_seconds: `diode tune --live` reads it)."""
-        from diode.transport import Outbox
+        from diode.runtime.transport import Outbox
         box = Outbox(sock, limit)
         self._outboxes.append(box)
         return box

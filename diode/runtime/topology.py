@@ -589,9 +589,10 @@ def _default(f) -> str:
 def reference_markdown() -> str:
     """docs/topology.md, generated from the registry (`diode docs`)."""
     out = ["# Topology reference", "",
-           "Generated from `diode/topology.py` by `diode docs > docs/topology.md`; a test keeps "
-           "the two equal. Keys are lowercase and dotted, with units in the name. Every error "
-           "in a file is reported at once, with its key path (`diode check FILE`).", ""]
+           "Generated from `diode/runtime/topology.py` by `diode docs > docs/topology.md`; a "
+           "test keeps the two equal. Keys are lowercase and dotted, with units in the name. "
+           "Every error in a file is reported at once, with its key path (`diode check FILE`).",
+           ""]
 
     def table(title, cls, prefix):
         out.extend([f"## {title}", "", "| key | type | default | meaning |",

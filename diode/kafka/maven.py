@@ -93,10 +93,11 @@ def _first_error(log_path: Path) -> str:
 
 
 def main() -> int:
-    """`python -m diode.maven`: fetch every bundle diode uses into the cache (scripts/install)."""
+    """`python -m diode.kafka.maven`: fetch every bundle diode uses into the cache
+    (scripts/install)."""
     import sys
 
-    from diode.brokers import KAFKA
+    from diode.kafka.brokers import KAFKA
     bundles = [KAFKA]
     try:
         from diode.spark.kafka_source import connector_bundle

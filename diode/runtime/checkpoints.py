@@ -7,7 +7,7 @@ Each writer keeps one file, `checkpoint-<index>.json` in receiver.journal.dir, r
   written to the destination, reported missing, or a duplicate; the journal is replayed from the
   lowest low water of all writers after any restart;
 - `partitions`: per source partition, the ordering state a restart resumes from
-  (diode.ordering.PartitionState.checkpoint);
+  (diode.accounting.ordering.PartitionState.checkpoint);
 - `writers`: how many writers there were, so a restart with a different count still finds every
   partition's state (each writer takes the partitions it now owns from every file);
 - `time_ms`: when it was written (the missing-records topic is read back from about then).
@@ -17,7 +17,7 @@ import json
 import logging
 import os
 
-log = logging.getLogger("diode.checkpoints")
+log = logging.getLogger("diode.runtime.checkpoints")
 
 VERSION = 1
 

@@ -1,10 +1,10 @@
 """What the sender may commit: the longest prefix of each partition whose records were sent.
 
-A kafka_reader hands records to packers in messages of runs (diode.runs); a message may hold
+A kafka_reader hands records to packers in messages of runs (diode.link.runs); a message may hold
 runs of several partitions, and its records are sent (or dead-lettered) in pieces by several
-processes, in any order. Each piece is acknowledged as (message id, record count). A partition's commit position
-moves past a message only when that message and every earlier message holding the partition are
-fully acknowledged. Pure logic, after MirrorMaker 2's PartitionState.
+processes, in any order. Each piece is acknowledged as (message id, record count). A partition's
+commit position moves past a message only when that message and every earlier message holding the
+partition are fully acknowledged. Pure logic, after MirrorMaker 2's PartitionState.
 """
 
 from collections import deque

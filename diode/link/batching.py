@@ -1,7 +1,7 @@
 """Filling datagrams with runs: pure logic of the packer, testable without sockets.
 
-Runs (diode.runs) are added in order with a tag (who to tell once their records are sent). A run
-goes into the datagram being filled whole when it fits; otherwise the datagram is sealed and the
+Runs (diode.link.runs) are added in order with a tag (who to tell once their records are sent). A
+run goes into the datagram being filled whole when it fits; otherwise the datagram is sealed and the
 run starts the next, and a run larger than a datagram is cut by record. A datagram is never
 larger than the limit: without compression a run's length is its exact size; with compression
 the builder aims at the running compression ratio and splits a payload that came out too large.
@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from bisect import bisect_right
 
-from diode import codec, runs
-from diode.crypto import TAG_BYTES
-from diode.wire import HEADER_BYTES
+from diode.link import codec, runs
+from diode.link.crypto import TAG_BYTES
+from diode.link.wire import HEADER_BYTES
 
 
 @dataclass

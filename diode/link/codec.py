@@ -1,8 +1,8 @@
 """Compression of datagram payloads, with bounded decompression.
 
 Pure functions over bytes, so the payload format is testable without sockets. The layering
-follows the Confluent connector: records (as runs, diode.runs) -> compressed -> encrypted (see
-diode.wire). Compression contexts are made once per process and reused: a zstd context costs
+follows the Confluent connector: records (as runs, diode.link.runs) -> compressed -> encrypted (see
+diode.link.wire). Compression contexts are made once per process and reused: a zstd context costs
 more to create than to compress a datagram.
 """
 

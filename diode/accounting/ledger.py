@@ -22,7 +22,7 @@ a later fill of them is no longer noticed (it counts as a duplicate).
 
 from dataclasses import dataclass, field
 
-from diode.ranges import Range, holes, merge, overlap, subtract
+from diode.accounting.ranges import Range, holes, merge, overlap, subtract
 
 
 @dataclass

@@ -5,9 +5,9 @@ import re
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import NewTopic
 
-from diode.records import partition_owner
-from diode.crypto import read_secret
-from diode.topology import REFERENCE, Topology
+from diode.link.records import partition_owner
+from diode.link.crypto import read_secret
+from diode.runtime.topology import REFERENCE, Topology
 
 
 def client_settings(t: Topology, side: str) -> dict:
@@ -100,7 +100,7 @@ def create_topic(admin, topic: str, partitions: int, timeout: float = 15.0) -> b
 
 def produce_run(producer, topic: str, partition: int, run, columns, start: int = 0,
                 written_at=()) -> int:
-    """Produce a run's records (diode.runs) from index `start` with their provenance headers
+    """Produce a run's records (diode.link.runs) from index `start` with their provenance headers
     (and `written_at`) to `topic`, `partition` (-1: the partitioner's choice). `columns` is
     (keys, values, own headers) as the run's key_list, value_list and header_lists give them.
     Returns the index reached: short of the end when the producer's queue is full. The

@@ -5,8 +5,9 @@ take, or the kernel drops it. `measure_receiver` runs the receiver's own code on
 with the topology's settings (datagram size, cipher, compression) and records of a given size:
 
 - udp_reader: recv_into from a real UDP socket and the copy it forwards;
-- unpacker: verify, decrypt, decompress, split into runs (diode.wire, diode.runs);
-- kafka_writer: decode the runs, order them (diode.ordering) and hand every record with its
+- unpacker: verify, decrypt, decompress, split into runs (diode.link.wire, diode.link.runs);
+- kafka_writer: decode the runs, order them (diode.accounting.ordering) and hand every record with
+its
   provenance headers to a producer (confluent-kafka, not connected: the cost of the produce call
   and librdkafka's enqueue, not the broker's).
 
@@ -25,12 +26,12 @@ from dataclasses import dataclass
 
 from confluent_kafka import Producer
 
-from diode import codec, crypto, runs, wire
-from diode.batching import DatagramBuilder
-from diode.journal import Journal
-from diode.kafka import produce_run
-from diode.ordering import PartitionState
-from diode.records import Record
+from diode.link import codec, crypto, runs, wire
+from diode.link.batching import DatagramBuilder
+from diode.runtime.journal import Journal
+from diode.kafka.clients import produce_run
+from diode.accounting.ordering import PartitionState
+from diode.link.records import Record
 
 UTILISATION = 0.6
 IP_UDP_OVERHEAD = 28

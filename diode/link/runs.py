@@ -1,7 +1,7 @@
 """Runs: the records of one source partition as columns, the unit every stage handles.
 
-A run holds consecutive records of one source partition's chain (diode.ordering): record i's
-predecessor is record i-1, and the first record's is `prev` (-1 starts a chain; RESEND marks
+A run holds consecutive records of one source partition's chain (diode.accounting.ordering): record
+i's predecessor is record i-1, and the first record's is `prev` (-1 starts a chain; RESEND marks
 records sent again by `diode resend`, outside any chain). Its encoding is the wire format's
 (docs/wire-format.md): a fixed little-endian header, the topic, then the columns
 
@@ -28,7 +28,7 @@ from itertools import accumulate, repeat
 from operator import add, itemgetter
 
 from diode.errors import RejectedDatagram
-from diode.records import RESEND, Record
+from diode.link.records import RESEND, Record
 
 FLAG_HEADERS = 1  # the run has header columns and blocks
 

@@ -22,10 +22,10 @@ import uuid
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from diode.errors import DiodeError
-from diode.kafka import admin_config
-from diode.ranges import merge
+from diode.kafka.clients import admin_config
+from diode.accounting.ranges import merge
 
-log = logging.getLogger("diode.recovery")
+log = logging.getLogger("diode.kafka.recovery")
 
 FIRST_CHUNK = 1000   # records read back from a partition's end first; doubled each time after
 BATCH = 10_000       # most messages taken by one consume() call

@@ -25,12 +25,13 @@ from enum import Enum
 
 import setproctitle
 
-from diode import crypto, launches, worker
-from diode import brokers as embedded
-from diode.kafka import client_settings
-from diode.topology import PIPELINES, SIDES, Topology, WorkerSpec, plan
+from diode.link import crypto
+from diode.runtime import launches, worker
+from diode.kafka import brokers as embedded
+from diode.kafka.clients import client_settings
+from diode.runtime.topology import PIPELINES, SIDES, Topology, WorkerSpec, plan
 
-log = logging.getLogger("diode.supervisor")
+log = logging.getLogger("diode.runtime.supervisor")
 
 
 class State(Enum):

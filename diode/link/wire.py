@@ -12,10 +12,10 @@ from typing import NamedTuple
 
 import fastavro
 
-from diode import codec, runs
-from diode.crypto import Keyring, SessionCipher
+from diode.link import codec, runs
+from diode.link.crypto import Keyring, SessionCipher
 from diode.errors import RejectedDatagram
-from diode.replay import ReplayWindow
+from diode.link.replay import ReplayWindow
 
 MAGIC = b"\xd1\x0d"
 VERSION = 2  # 1: per-record Avro batches (before columnar runs), rejected as bad_version

@@ -1,0 +1,138 @@
+"""`diode verify`: the command around the audit (diode.spark.verify, the batch audit's extract
+and transform; diode.spark.stream, the streaming audit). Run by `diode verify`, or by
+spark-submit on a cluster: `spark-submit .../diode/spark/command.py ARGS`.
+
+Spark is imported when the command runs, not when the CLI builds its parser: every other
+`diode` command starts without it, and a machine without the `spark` extra is told what to
+install."""
+
+import json
+import re
+import sys
+import time
+
+
+def main(args) -> int:
+    """`diode verify`: exit 0 when nothing is missing (or lost or altered), 1 otherwise."""
+    try:
+        import pyspark  # noqa: F401
+    except ModuleNotFoundError:
+        print("diode verify needs the `spark` extra: pip install 'diode[spark]'",
+              file=sys.stderr)
+        return 2
+    from diode.spark import stream
+    from diode.spark.verify import cause, say
+    try:
+        if args.stream:
+            return stream.main(args)
+        return audit_once(args)
+    except Exception as e:  # noqa: BLE001 - Spark wraps planner and executor errors: show the cause
+        say(f"failed: {cause(e)}")
+        return 2
+
+
+def audit_once(args) -> int:
+    """The batch audit: the table, the JSON report, the manifest; 1 when anything is missing."""
+    from pyspark import StorageLevel
+
+    from diode.spark.kafka_source import choose_format
+    from diode.spark.verify import (audit, compare, extract, extract_heartbeats, latency,
+                                    manifest, pattern_of, provenance, report, say, session,
+                                    table)
+    started = time.monotonic()
+    say(f"starting Spark ({args.master or 'spark-submit master or local[*]'})")
+    spark = session(args.master, source=args.format)
+    try:
+        pattern = pattern_of(args)
+        say(f"auditing the topics matching {pattern} on {args.bootstrap} "
+            f"({choose_format(spark, args.format)} source)")
+        rows = extract(spark, args.bootstrap, pattern, args.format)
+        p = provenance(rows, args.written_at_header).persist(StorageLevel.MEMORY_AND_DISK)
+        beats = extract_heartbeats(spark, args.bootstrap, args.heartbeat_topic, args.format) \
+            if args.heartbeat_topic else None
+        audit_start = time.monotonic()
+        rep = report(audit(p, beats))
+        rep["totals"]["latencyMs"] = latency(p)
+        took = time.monotonic() - audit_start
+        n = rep["totals"]["records"]
+        say(f"audited {n} records of {len(rep['partitions'])} source partitions in "
+            f"{took:.1f} s ({n / max(took, 1e-9):.0f} records/s)")
+        if args.source_bootstrap:
+            topics = sorted({r["sourceTopic"] for r in rep["partitions"]})
+            say(f"comparing with the source cluster {args.source_bootstrap}: "
+                f"{len(topics)} topics")
+            source = extract(spark, args.source_bootstrap,
+                             "|".join(re.escape(t) for t in topics) or "(?!)", args.format)
+            rep["comparison"] = [r.asDict() for r in
+                                 compare(source, rows, args.written_at_header).collect()]
+            rep["totals"].update({k: sum(r[k] for r in rep["comparison"])
+                                  for k in ("lost", "duplicated", "altered")})
+        p.unpersist()
+    finally:
+        spark.stop()
+    say(f"done in {time.monotonic() - started:.1f} s")
+    print(table(rep))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rep, f, indent=1)
+    if args.manifest:
+        with open(args.manifest, "w") as f:
+            json.dump(manifest(rep), f, indent=1)
+    if "comparison" in rep:
+        t = rep["totals"]
+        print(f"against the source: {t['lost']} lost, {t['duplicated']} duplicated, "
+              f"{t['altered']} altered")
+    t = rep["totals"]
+    return 1 if t["missing"] or t.get("lost") or t.get("altered") else 0
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--bootstrap", required=True, help="the destination cluster")
+    p.add_argument("--prefix", default="", help="destination topic prefix (receiver.topic.prefix)")
+    p.add_argument("--pattern", help="destination topics by regular expression instead")
+    p.add_argument("--heartbeat-topic", help="receiver.heartbeat.topic, for the missing tail")
+    p.add_argument("--written-at-header", default="writtenAt",
+                   help="receiver.written.at.header, for latency ('' for none)")
+    p.add_argument("--source-bootstrap", help="the source cluster too: compare record by record "
+                   "(lost, duplicated, altered); soak tests and pre-production")
+    p.add_argument("--json", help="write the report as JSON")
+    p.add_argument("--manifest", help="write the resend manifest (missing ranges)")
+    p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
+    p.add_argument("--format", choices=("auto", "native", "python"), default="auto",
+                   help="Kafka source: Spark's spark-sql-kafka (native; fetched through mvn "
+                   "the first time), diode's Python source (python; no JVM jars), or native "
+                   "when on the classpath or cached, else python (auto)")
+    s = p.add_argument_group("streaming mode (--stream): keep auditing as records arrive")
+    s.add_argument("--stream", action="store_true", help="audit continuously; report missing "
+                   "ranges and later fills as they are seen")
+    s.add_argument("--checkpoint", help="directory for Spark's checkpoint and the audit's "
+                   "ledger (required with --stream; a restart carries on from it)")
+    s.add_argument("--missing-topic", help="write missing/filled events (JSON) to this topic of "
+                   "the destination cluster")
+    s.add_argument("--missing-parquet", help="append missing/filled events to Parquet here")
+    s.add_argument("--trigger-seconds", type=float, default=10.0,
+                   help="how often a micro-batch runs (default 10)")
+    s.add_argument("--max-offsets-per-trigger", type=int, default=1_000_000,
+                   help="records per micro-batch at most (default 1000000)")
+    s.add_argument("--grace-seconds", type=float, default=60.0, help="how long a heartbeat's "
+                   "claim waits before its missing tail is reported (default 60)")
+    s.add_argument("--run-seconds", type=float, default=0.0,
+                   help="stop after this long (default 0: until Ctrl-C)")
+    s.add_argument("--available-now", action="store_true", help="audit what the topics hold "
+                   "now (in micro-batches), then stop: run it from cron for an incremental "
+                   "audit that carries on from its checkpoint each time")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("verify", help="audit the destination topics on Spark: per source "
+                       "partition records, duplicates, missing ranges, order, latency "
+                       "(exit 1: missing)")
+    add_arguments(p)
+    p.set_defaults(func=main)
+
+
+if __name__ == "__main__":  # spark-submit …/diode/spark/command.py ARGS
+    import argparse
+    parser = argparse.ArgumentParser(prog="diode verify")
+    add_arguments(parser)
+    sys.exit(main(parser.parse_args()))
