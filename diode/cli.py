@@ -100,7 +100,11 @@ def cmd_resend(args) -> int:
 
 
 def cmd_docs(args) -> int:
-    print(topo.reference_markdown(), end="")
+    if args.metrics:
+        from diode.runtime import metrics
+        print(metrics.reference_markdown(), end="")
+    else:
+        print(topo.reference_markdown(), end="")
     return 0
 
 
@@ -150,7 +154,8 @@ def cmd_consume(args) -> int:
     return 0 if not args.count or seen >= args.count else 1
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every `diode` command and its options."""
     parser = argparse.ArgumentParser(prog="diode", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -183,6 +188,8 @@ def main(argv=None) -> int:
     p.set_defaults(func=cmd_resend)
 
     p = sub.add_parser("docs", help="print the topology reference (docs/topology.md)")
+    p.add_argument("--metrics", action="store_true",
+                   help="the metrics reference instead (docs/metrics.md)")
     p.set_defaults(func=cmd_docs)
 
     p = sub.add_parser("produce", help="produce lines (arguments or stdin) as records")
@@ -211,8 +218,19 @@ def main(argv=None) -> int:
     tune.add_parser(sub)
     from diode import connect_import
     connect_import.add_parser(sub)
+    from diode import status
+    status.add_parser(sub)
+    parser.subcommands = sub
+    return parser
 
-    args = parser.parse_args(argv)
+
+def commands(parser: argparse.ArgumentParser) -> set:
+    """The names of the parser's commands."""
+    return set(parser.subcommands.choices)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     configure_logging(logging.DEBUG if args.verbose else logging.INFO)
     try:
         return args.func(args)

@@ -110,6 +110,7 @@ class Stage(BaseStage):
         self.backlog = deque()            # [run, next index, columns] not yet all produced
         self.backlog_records = 0          # records in the backlog
         self.states: dict = {}            # (topic, partition) -> PartitionState
+        self.recent_missing: deque = deque(maxlen=10_000)  # (when, records) this last hour
         self.last_beat = None             # reader's clock when the last heartbeat came (writer 0)
         self.fills: dict = {}             # (topic, partition) -> offsets filled late, this step
         self.beat_interval = 1.0
@@ -441,6 +442,8 @@ class Stage(BaseStage):
         self.metrics.set("duplicates", sum(s.duplicates for s in self.states.values()))
         self.metrics.set("pending_records", sum(s.pending_records for s in self.states.values()))
         # On the reader's clock too: a pipeline held up by the destination is not a silent link.
+        if self.last_beat is not None:
+            self.metrics.set("link_heartbeat_age_seconds", round(clock - self.last_beat, 3))
         if self.last_beat is not None and not self.link_silent and not self.stopping and \
                 clock - self.last_beat > 3 * self.beat_interval:
             self.link_silent = True
@@ -448,12 +451,21 @@ class Stage(BaseStage):
             self.log.warning("no heartbeat from the sender for %.0f s: the link, the sender or "
                              "its source cluster is down", clock - self.last_beat)
 
+    def sample_metrics(self):
+        super().sample_metrics()
+        hour_ago = time.monotonic() - 3600
+        while self.recent_missing and self.recent_missing[0][0] < hour_ago:
+            self.recent_missing.popleft()
+        self.metrics.set("missing_ranges_last_hour", len(self.recent_missing))
+        self.metrics.set("missing_records_last_hour", sum(n for _, n in self.recent_missing))
+
     def _event(self, kind, topic, partition, first, last, reason) -> None:
         """A missing range (or a late record filling one): logged, counted, and written to the
         missing-records topic when there is one."""
         if kind == "missing":
             self.metrics.inc("missing_ranges")
             self.metrics.inc("missing_records", last - first + 1)
+            self.recent_missing.append((time.monotonic(), last - first + 1))
             self.log.warning("missing %s[%d] offsets %d..%d (%s)", topic, partition, first, last,
                              MEANINGS.get(reason, reason))
         else:
@@ -532,7 +544,8 @@ class Stage(BaseStage):
                 return
             self.events_first = False
         stamp = self.r.written_at_header
-        written_at = [(stamp, str(int(time.time() * 1000)).encode())] if stamp else []
+        now_ms = int(time.time() * 1000)
+        written_at = [(stamp, str(now_ms).encode())] if stamp else []
         backlog, kept, blocked = self.backlog, deque(), set()
         while backlog:
             entry = backlog.popleft()
@@ -556,6 +569,9 @@ class Stage(BaseStage):
             partition = run.partition if run.partition < self.dest_partitions[topic] else -1
             done = produce_run(self.producer, topic, partition, run, entry[2], entry[1],
                                written_at)
+            if done > entry[1] and run.types[entry[1]]:  # one sample a run: its oldest record
+                self.metrics.observe("end_to_end_latency_seconds",
+                                     max(0, now_ms - run.timestamps[entry[1]]) / 1000)
             self.sent.append((topic, run, entry[2]))
             self.produced += done - entry[1]
             self.backlog_records -= done - entry[1]

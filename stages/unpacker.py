@@ -28,6 +28,7 @@ from diode.runtime.worker import Stage as BaseStage
 from stages.udp_reader import ask, request_replay
 
 ASK_AGAIN_SECONDS = 1.0
+SESSION_WINDOW = 30.0
 
 
 class Stage(BaseStage):
@@ -39,6 +40,9 @@ class Stage(BaseStage):
         sec = ctx.secrets
         self.keyring = Keyring(sec.cipher_id, sec.master_key, sec.keys(), sec.key_id)
         self.replay = ReplayWindow()
+        # sender sessions seen in this and the previous SESSION_WINDOW seconds
+        self.sessions = (set(), set())
+        self.sessions_rotated = time.monotonic()
         r = self.t.receiver
         self.record_limit = r.max_record_bytes + 65536  # a record's batch framing included
         self.reassembler = fragments.Reassembler(
@@ -94,6 +98,14 @@ class Stage(BaseStage):
                                           notices)), *frames])
         return True
 
+    def sample_metrics(self):
+        super().sample_metrics()
+        now = time.monotonic()
+        self.metrics.set("sessions_active", len(self.sessions[0] | self.sessions[1]))
+        if now - self.sessions_rotated >= SESSION_WINDOW:
+            self.sessions = (set(), self.sessions[0])
+            self.sessions_rotated = now
+
     def _floor(self) -> float:
         """The lowest journal position of a datagram still buffered for reassembly or FEC."""
         for key in [k for k in self.held if not (
@@ -114,6 +126,7 @@ class Stage(BaseStage):
             # came (this one may or may not have seen it): the writers' dedup decides now.
             h, payload = wire.unseal(datagram, self.keyring,
                                      None if origin[2] else self.replay)
+            self.sessions[0].add(h.session_id)  # (authenticated: its tag verified)
             if h.kind == wire.KIND_HEARTBEAT:
                 self._heartbeat(h, wire.decode_heartbeat(payload), msgs, origin)
                 return

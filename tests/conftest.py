@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from diode.kafka.brokers import free_port, make_broker, start_all
+from diode.runtime import launches
 from diode.runtime.metrics import read_counter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,15 +100,7 @@ class Launched:
 
     def workers(self) -> dict:
         """Process title ("sender/packer-0") -> psutil.Process of every live worker."""
-        out = {}
-        for child in self.ps.children():
-            try:
-                title = " ".join(child.cmdline()).strip()
-            except psutil.Error:
-                continue
-            if title.startswith("diode: ") and not title.startswith("diode: supervisor"):
-                out[title[len("diode: "):]] = child
-        return out
+        return launches.workers_of(self.ps)
 
     def wait_workers(self, count: int, timeout: float = 30) -> dict:
         deadline = time.monotonic() + timeout

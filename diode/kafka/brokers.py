@@ -77,7 +77,7 @@ class EmbeddedBroker:
 
     def launch(self) -> None:
         """Start the process without waiting for it (start several, then wait_ready each)."""
-        if _accepts(self.host, self.port):
+        if accepts(self.host, self.port):
             raise DiodeError(f"broker {self.name}: something already listens on {self.listen}")
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
@@ -90,7 +90,7 @@ class EmbeddedBroker:
 
     def wait_ready(self, timeout: float = 60.0) -> "EmbeddedBroker":
         deadline = self.started_at + timeout
-        while not _accepts(self.host, self.port):
+        while not accepts(self.host, self.port):
             if self.proc.poll() is not None:
                 raise DiodeError(f"{self._what()} exited with {self.proc.returncode} at start"
                                  f"{self._why()}")
@@ -355,7 +355,7 @@ def start_all(brokers: list, timeout: float = 60.0) -> list:
     return brokers
 
 
-def _accepts(host: str, port: int) -> bool:
+def accepts(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.2):
             return True

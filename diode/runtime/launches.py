@@ -10,11 +10,14 @@ restarts. Beside it, `metrics/` holds each worker's own metrics (diode.runtime.m
 
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
 
 STATUS_FILE = "supervisor.json"
+# a worker's process title (diode.runtime.worker): "diode: receiver/unpacker-0"
+WORKER_TITLE = re.compile(r"diode: ((?:sender|receiver)/[a-z_]+-\d+)")
 
 
 def state_dir() -> Path:
@@ -95,3 +98,22 @@ def read_status(run_dir: str) -> dict | None:
         return json.loads((Path(run_dir) / STATUS_FILE).read_text())
     except (OSError, ValueError):
         return None
+
+
+def workers_of(supervisor) -> dict:
+    """Title ("receiver/unpacker-0") -> psutil.Process of every live worker among a
+    supervisor's children (a psutil.Process); not its brokers nor its metrics exporters."""
+    import psutil
+    out = {}
+    try:
+        children = supervisor.children()
+    except psutil.Error:
+        return out
+    for child in children:
+        try:
+            m = WORKER_TITLE.fullmatch(" ".join(child.cmdline()).strip())
+        except psutil.Error:
+            continue
+        if m:
+            out[m.group(1)] = child
+    return out

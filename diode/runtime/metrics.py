@@ -1,59 +1,238 @@
-"""Per-process counters and gauges, written in Prometheus text format.
+"""Per-process counters, gauges and histograms, exported two ways:
 
-Each worker writes `<run dir>/metrics/<side>-<stage>-<index>.prom` about once a second (atomic
-rename), so operators, `diode status` and tests read them without asking the process.
+- **Prometheus over HTTP** (`sender.metrics.listen`, `receiver.metrics.listen`): each worker
+  mirrors its metrics about once a second into prometheus_client's multiprocess files (one
+  directory per side in the run directory); one exporter process per side serves them
+  (diode.runtime.exporter), with the supervisor's view of its workers;
+- **a textfile** per worker, `<run dir>/metrics/<side>-<stage>-<index>.prom`, rewritten about
+  once a second (atomic rename), for a node exporter's textfile collector, `diode tune --live`,
+  `diode soak` and the tests (`supervisor.metrics.textfile`, on by default).
+
+The stages count into plain dicts (a dict update per batch on the hot path); names follow
+Prometheus conventions where they are exported: a counter `records` is `diode_records_total`,
+a gauge `journal_bytes` is `diode_journal_bytes`, a histogram `end_to_end_latency_seconds` has
+its `_bucket`, `_sum` and `_count`. Gauges that hold a cumulative count (`CUMULATIVE`: a
+process's CPU seconds, the writer's acknowledged records, the kernel's socket drops) are
+exported as counters. Every sample carries the worker's labels (side, stage, index);
+`index` and not `instance`, which Prometheus gives every scraped series (its target).
 """
 
+import bisect
+import logging
 import os
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("diode.runtime.metrics")
+
+# gauges whose value only grows (but for a process restart): exported as counters
+CUMULATIVE = frozenset({"cpu_seconds", "output_blocked_seconds", "records", "duplicates",
+                        "socket_drops"})
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                   300.0)
+MAX_PENDING_OBSERVATIONS = 10_000  # per histogram between two mirrorings (then dropped)
+
+
+@dataclass(frozen=True)
+class Metric:
+    kind: str            # counter, gauge (CUMULATIVE ones export as counters), histogram
+    stages: tuple        # the stages that export it ("supervisor": its exporter)
+    help: str
+    reasons: tuple = ()  # its `reason` label's values, each exported from 0
+
+
+READERS, ALL = ("kafka_reader",), ("kafka_reader", "packer", "udp_sender", "udp_reader",
+                                   "unpacker", "kafka_writer")
+FORWARDING = ("kafka_reader", "packer", "udp_reader", "unpacker")
+REJECTS = ("bad_magic", "bad_version", "truncated", "bad_kind", "auth_failed", "unknown_key",
+           "replayed", "decompress_failed", "bad_compression", "decode_failed", "misrouted",
+           "fragments_lost", "journal_damaged", "internal_error")
+# Every metric diode exports: the HELP text, what docs/operations.md lists, what a new worker
+# exports at 0 (so a rate or an alert has a series before the first event).
+CATALOG = {
+    "records": Metric("counter", ("kafka_reader", "unpacker", "kafka_writer"),
+                      "Records read from the source (kafka_reader), unpacked from datagrams "
+                      "(unpacker), acknowledged by the destination (kafka_writer)"),
+    "datagrams": Metric("counter", ("packer", "udp_sender", "udp_reader", "unpacker"),
+                        "Datagrams made, sent, received, opened"),
+    "bytes": Metric("counter", ("packer", "udp_sender", "udp_reader"), "Datagram bytes"),
+    "cpu_seconds": Metric("gauge", ALL, "CPU time of the worker process, every thread"),
+    "output_blocked_seconds": Metric("gauge", FORWARDING, "Time the next stage took nothing "
+                                     "(backpressure: the next stage is the slower)"),
+    "output_queue_messages": Metric("gauge", FORWARDING, "Messages waiting for room downstream"),
+    "errors": Metric("counter", ("kafka_reader", "udp_sender", "kafka_writer"),
+                     "Errors by reason (logged)", ("metadata", "consume", "commit", "send",
+                                                   "recovery", "checkpoint", "event",
+                                                   "produce")),
+    "rejects": Metric("counter", ("udp_reader", "unpacker", "kafka_writer"),
+                      "Datagrams or runs dropped, by reason: forged, replayed, damaged, "
+                      "misrouted", REJECTS),
+    "heartbeats": Metric("counter", ("kafka_reader", "unpacker", "kafka_writer"),
+                         "Sender heartbeats sent, opened, received"),
+    "commits": Metric("counter", READERS, "Offset commits to the source cluster"),
+    "rewinds": Metric("counter", READERS, "Re-sends after a worker downstream died"),
+    "inflight_records": Metric("gauge", READERS, "Records sent, not yet committed"),
+    "partitions": Metric("gauge", READERS, "Source partitions this reader owns"),
+    "dead_letter_records": Metric("counter", ("packer",), "Records too large for the link, to "
+                                  "sender.dead.letter.topic"),
+    "fragmented_records": Metric("counter", ("packer",), "Records sent as fragments"),
+    "heartbeat_datagrams": Metric("counter", ("packer",), "Heartbeat datagrams"),
+    "parity_datagrams": Metric("counter", ("packer", "unpacker"), "FEC parity datagrams"),
+    "kernel_pacing": Metric("gauge", ("udp_sender",), "1 when the kernel (fq) paces the socket"),
+    "receive_buffer_bytes": Metric("gauge", ("udp_reader",), "The socket's receive buffer"),
+    "socket_drops": Metric("gauge", ("udp_reader",), "Datagrams the kernel dropped: the "
+                           "socket's buffer was full"),
+    "socket_queue_bytes": Metric("gauge", ("udp_reader",), "Bytes waiting in the socket"),
+    "journal_bytes": Metric("gauge", ("udp_reader",), "Size of the receive journal"),
+    "journal_unforwarded_bytes": Metric("gauge", ("udp_reader",), "Journaled, not yet "
+                                        "forwarded (the unpackers and writers are behind)"),
+    "journal_full": Metric("gauge", ("udp_reader",), "1 while the journal is at its limit"),
+    "journal_failing": Metric("gauge", ("udp_reader",), "1 while the journal cannot be "
+                              "written"),
+    "journal_errors": Metric("counter", ("udp_reader",), "Journal write or fsync failures"),
+    "journal_dropped_datagrams": Metric("counter", ("udp_reader",), "Datagrams read while the "
+                                        "journal was full and the unpackers behind"),
+    "journal_released_bytes": Metric("counter", ("udp_reader",), "Journal segments released "
+                                     "after the writers' checkpoints"),
+    "replays": Metric("counter", ("udp_reader",), "Journal replays (restarts)"),
+    "replayed_datagrams": Metric("counter", ("udp_reader",), "Datagrams replayed"),
+    "fec_recovered": Metric("counter", ("unpacker",), "Datagrams rebuilt from parity"),
+    "fec_unrecoverable_blocks": Metric("gauge", ("unpacker",), "FEC blocks lost for good"),
+    "fragments": Metric("counter", ("unpacker",), "Fragments received"),
+    "reassembled_records": Metric("counter", ("unpacker",), "Records rebuilt from fragments"),
+    "reassembly_bytes": Metric("gauge", ("unpacker",), "Memory held by incomplete fragments"),
+    "sessions_active": Metric("gauge", ("unpacker",), "Sender sessions seen in the last 30 to "
+                              "60 s (one per packer per sender start)"),
+    "missing_records": Metric("counter", ("kafka_writer",), "Records reported missing"),
+    "missing_ranges": Metric("counter", ("kafka_writer",), "Missing ranges reported"),
+    "missing_records_last_hour": Metric("gauge", ("kafka_writer",), "Records reported missing "
+                                        "in the last hour"),
+    "missing_ranges_last_hour": Metric("gauge", ("kafka_writer",), "Missing ranges reported in "
+                                       "the last hour"),
+    "late_records": Metric("counter", ("kafka_writer",), "Records that came after being "
+                           "reported missing (fills), written"),
+    "duplicates": Metric("gauge", ("kafka_writer",), "Duplicate records dropped"),
+    "pending_records": Metric("gauge", ("kafka_writer",), "Records waiting for their "
+                              "predecessors (reordering)"),
+    "backlog_records": Metric("gauge", ("kafka_writer",), "Records waiting for the "
+                              "destination cluster"),
+    "events_waiting": Metric("gauge", ("kafka_writer",), "Missing-range and heartbeat events "
+                             "waiting to be written"),
+    "checkpoints": Metric("counter", ("kafka_writer",), "Checkpoints written"),
+    "checkpoint_flush_seconds": Metric("gauge", ("kafka_writer",), "The last checkpoint's "
+                                       "flush"),
+    "checkpoint_low_water": Metric("gauge", ("kafka_writer",), "Journal position the writer "
+                                   "still needs"),
+    "dead_letters": Metric("counter", ("kafka_writer",), "Records to "
+                           "receiver.dead.letter.topic"),
+    "refused_records": Metric("counter", ("kafka_writer",), "Records the destination refused "
+                              "for good"),
+    "reorder_wait_widened": Metric("counter", ("kafka_writer",), "Times a late fill widened a "
+                                   "partition's reorder wait"),
+    "link_silent": Metric("gauge", ("kafka_writer",), "1 while no heartbeat comes"),
+    "link_heartbeat_age_seconds": Metric("gauge", ("kafka_writer",), "Since the sender's last "
+                                         "heartbeat, on the receiver's clock (writer 0)"),
+    "end_to_end_latency_seconds": Metric("histogram", ("kafka_writer",), "Source timestamp to "
+                                         "the record handed to the destination's producer, "
+                                         "one sample a run of records (its oldest)"),
+    "worker_up": Metric("gauge", ("supervisor",), "1 while the worker runs"),
+    "worker_restarts": Metric("counter", ("supervisor",), "Times the supervisor restarted "
+                              "the worker"),
+}
+
+
+def exported_name(name: str, kind: str) -> str:
+    """The Prometheus name of an internal metric of kind counter, gauge or histogram."""
+    if kind == "counter" or (kind == "gauge" and name in CUMULATIVE):
+        return f"diode_{name}_total"
+    return f"diode_{name}"
 
 
 class Metrics:
-    def __init__(self, labels: dict, path: str | None = None, interval: float = 1.0):
-        self.labels = labels
+    def __init__(self, labels: dict, path: str | None = None, interval: float = 1.0,
+                 prometheus_dir: str | None = None):
+        self.labels = {k: str(v) for k, v in labels.items()}
         self.counters: dict[tuple, float] = defaultdict(float)
         self.gauges: dict[tuple, float] = {}
+        self.histograms: dict[tuple, list] = {}  # key -> [bucket counts..., sum, count]
         self.path = path
         self.interval = interval
         self._next_write = 0.0
+        self._mirror = _PrometheusMirror(prometheus_dir, self.labels) if prometheus_dir \
+            else None
+        for name, m in CATALOG.items():  # this stage's series exist from the start
+            if self.labels.get("stage") not in m.stages or m.kind == "histogram":
+                continue
+            table = self.counters if m.kind == "counter" else self.gauges
+            for labels in ([(("reason", r),) for r in m.reasons] if m.reasons else [()]):
+                table[(name, labels)] = 0
 
     def inc(self, name: str, n: float = 1, **labels) -> None:
         self.counters[(name, tuple(sorted(labels.items())))] += n
 
     def set(self, name: str, value: float, **labels) -> None:
-        self.gauges[(name, tuple(sorted(labels.items())))] = value
+        key = (name, tuple(sorted(labels.items())))
+        self.gauges[key] = value
+        if name in CUMULATIVE:  # a count kept elsewhere (the zero it began with goes)
+            self.counters.pop(key, None)
+
+    def observe(self, name: str, value: float, **labels) -> None:
+        """One observation of a histogram (seconds, for the latency buckets)."""
+        key = (name, tuple(sorted(labels.items())))
+        h = self.histograms.get(key)
+        if h is None:
+            h = self.histograms[key] = [0] * (len(LATENCY_BUCKETS) + 1) + [0.0, 0]
+        h[bisect.bisect_left(LATENCY_BUCKETS, value)] += 1
+        h[-2] += value
+        h[-1] += 1
+        if self._mirror is not None:
+            self._mirror.observe(key, value)
 
     def get(self, name: str, **labels) -> float:
         key = (name, tuple(sorted(labels.items())))
         return self.counters.get(key, self.gauges.get(key, 0))
 
     def text(self) -> str:
+        """Prometheus text exposition format, one TYPE line per metric."""
         lines = []
+        families: dict = {}
         for kind, table in (("counter", self.counters), ("gauge", self.gauges)):
-            for name in sorted({n for n, _ in table}):
-                full = f"diode_{name}"
-                lines.append(f"# TYPE {full} {kind}")
-                for (n, labels), value in sorted(table.items()):
-                    if n != name:
-                        continue
-                    all_labels = {**self.labels, **dict(labels)}
-                    text = ",".join(f'{k}="{v}"' for k, v in all_labels.items())
-                    shown = int(value) if float(value).is_integer() else repr(float(value))
-                    lines.append(f"{full}{{{text}}} {shown}")
+            for (name, labels), value in table.items():
+                shown = "counter" if kind == "counter" or name in CUMULATIVE else "gauge"
+                families.setdefault((exported_name(name, kind), shown), []).append(
+                    (labels, value))
+        for (full, kind), samples in sorted(families.items()):
+            lines.append(f"# TYPE {full} {kind}")
+            for labels, value in sorted(samples):
+                lines.append(f"{full}{{{self._label_text(labels)}}} {_number(value)}")
+        for (name, labels), h in sorted(self.histograms.items()):
+            full = f"diode_{name}"
+            lines.append(f"# TYPE {full} histogram")
+            cumulative = 0
+            for le, count in zip((*map(str, LATENCY_BUCKETS), "+Inf"), h[:-2]):
+                cumulative += count
+                lines.append(f"{full}_bucket{{{self._label_text(labels, le=le)}}} {cumulative}")
+            lines.append(f"{full}_sum{{{self._label_text(labels)}}} {_number(h[-2])}")
+            lines.append(f"{full}_count{{{self._label_text(labels)}}} {h[-1]}")
         return "\n".join(lines) + "\n"
+
+    def _label_text(self, labels: tuple, **more) -> str:
+        return ",".join(f'{k}="{v}"' for k, v in {**self.labels, **dict(labels), **more}.items())
 
     def due(self) -> bool:
         return time.monotonic() >= self._next_write
 
     def maybe_write(self, force: bool = False) -> None:
-        if not self.path:
-            return
         now = time.monotonic()
         if not force and now < self._next_write:
             return
         self._next_write = now + self.interval
+        if self._mirror is not None:
+            self._mirror.update(self)
+        if not self.path:
+            return
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         tmp = f"{self.path}.tmp"
         with open(tmp, "w") as f:
@@ -61,14 +240,115 @@ class Metrics:
         os.replace(tmp, self.path)
 
 
+def _number(value) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+class _PrometheusMirror:
+    """The worker's metrics in prometheus_client's multiprocess files (`directory`), updated
+    once a second from the dicts: counters by what they grew since (a restarted process begins
+    again at 0, which Prometheus reads as a counter reset), gauges by their value
+    (multiprocess mode livesum: a dead worker's gauges go with it), histograms by the
+    observations made since."""
+
+    def __init__(self, directory: str, labels: dict):
+        os.makedirs(directory, exist_ok=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+        from prometheus_client import values
+        # chosen when prometheus_client was first imported, perhaps before this process had a
+        # directory: every value made from now on goes to this process's own files
+        values.ValueClass = values.MultiProcessValue()
+        self.labels = labels
+        self.families: dict = {}     # (exported name, kind) -> prometheus_client metric
+        self.exported: dict = {}     # key -> value already exported (counters)
+        self.pending: dict = {}      # histogram key -> observations not yet exported
+        self._broken: set = set()
+
+    def observe(self, key, value: float) -> None:
+        pending = self.pending.setdefault(key, [])
+        if len(pending) < MAX_PENDING_OBSERVATIONS:
+            pending.append(value)
+
+    def _child(self, name: str, kind: str, labels: tuple):
+        from prometheus_client import Counter, Gauge, Histogram
+        full = exported_name(name, kind) if kind != "histogram" else f"diode_{name}"
+        if (full, kind) in self._broken:
+            return None
+        names = (*self.labels, *(k for k, _ in labels))
+        family = self.families.get((full, kind))
+        if family is None:
+            base = full.removesuffix("_total")
+            about = CATALOG[name].help if name in CATALOG else name
+            if kind == "counter":
+                family = Counter(base, about, names, registry=None)
+            elif kind == "gauge":
+                family = Gauge(full, about, names, registry=None, multiprocess_mode="livesum")
+            else:
+                family = Histogram(full, about, names, registry=None, buckets=LATENCY_BUCKETS)
+            self.families[(full, kind)] = family
+        try:
+            return family.labels(**self.labels, **dict(labels))
+        except ValueError:  # the same metric with other label names: a bug, said once
+            log.error("metric %s used with labels %s, unlike before: not exported", full,
+                      [k for k, _ in labels])
+            self._broken.add((full, kind))
+            return None
+
+    def update(self, m: Metrics) -> None:
+        for kind, table in (("counter", m.counters), ("gauge", m.gauges)):
+            for key, value in table.items():
+                name, labels = key
+                if kind == "gauge" and name not in CUMULATIVE:
+                    child = self._child(name, "gauge", labels)
+                    if child is not None:
+                        child.set(value)
+                    continue
+                before = self.exported.get(key)
+                grew = value - (before or 0.0) if value >= (before or 0.0) else value
+                if grew > 0 or before is None:  # (a new series is exported from 0)
+                    child = self._child(name, "counter", labels)
+                    if child is not None and grew > 0:
+                        child.inc(grew)
+                self.exported[key] = value
+        for key, observed in self.pending.items():
+            child = self._child(key[0], "histogram", key[1]) if observed else None
+            for v in observed if child is not None else ():
+                child.observe(v)
+            observed.clear()
+
+
 def read_counter(text: str, name: str, **labels) -> float:
-    """Sum of a metric's samples in Prometheus text whose labels include `labels`."""
+    """Sum of a metric's samples in Prometheus text whose labels include `labels`: `name` as the
+    stages count it (`records` finds diode_records_total, `journal_bytes` diode_journal_bytes)."""
     total = 0.0
+    prefixes = (f"diode_{name}{{", f"diode_{name}_total{{")
     for line in text.splitlines():
-        if not line.startswith(f"diode_{name}{{"):
+        if not line.startswith(prefixes):
             continue
-        label_text, value = line[len(name) + 7:].rsplit("} ", 1)
+        label_text, value = line[line.index("{") + 1:].rsplit("} ", 1)
         found = dict(part.split("=", 1) for part in label_text.split(",") if part)
         if all(found.get(k) == f'"{v}"' for k, v in labels.items()):
             total += float(value)
     return total
+
+
+def reference_markdown() -> str:
+    """docs/metrics.md, from CATALOG (`diode docs --metrics`)."""
+    out = ["# Metrics", "",
+           "Generated from `diode/runtime/metrics.py` by `diode docs --metrics > "
+           "docs/metrics.md`; a test keeps the two equal, and another scrapes a running "
+           "pipeline for every name here and in the Grafana dashboard "
+           "(`deploy/grafana/diode.json`).", "",
+           "Every sample has the labels `side`, `stage` and `index` (the stage instance; not "
+           "`instance`, which Prometheus gives every scraped series). `reason` labels count "
+           "from 0 for each reason listed. Scrape `sender.metrics.listen` and "
+           "`receiver.metrics.listen` (one endpoint per side); the same metrics are in the "
+           "textfiles `<run dir>/metrics/*.prom` unless `supervisor.metrics.textfile` is "
+           "false.", "",
+           "| metric | type | stages | meaning |", "| --- | --- | --- | --- |"]
+    for name, m in CATALOG.items():
+        kind = "counter" if m.kind == "gauge" and name in CUMULATIVE else m.kind
+        full = exported_name(name, m.kind) if m.kind != "histogram" else f"diode_{name}"
+        about = m.help + (f" (`reason`: {', '.join(m.reasons)})" if m.reasons else "")
+        out.append(f"| `{full}` | {kind} | {', '.join(m.stages)} | {about} |")
+    return "\n".join(out) + "\n"

@@ -18,6 +18,8 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections import deque
@@ -26,9 +28,10 @@ from enum import Enum
 import setproctitle
 
 from diode.link import crypto
-from diode.runtime import launches, worker
+from diode.runtime import exporter, launches, worker
 from diode.kafka import brokers as embedded
 from diode.kafka.clients import client_settings
+from diode.errors import DiodeError
 from diode.runtime.topology import PIPELINES, SIDES, Topology, WorkerSpec, plan
 
 log = logging.getLogger("diode.runtime.supervisor")
@@ -110,6 +113,7 @@ class Supervisor:
         self.inherited: dict = {}  # stage type -> what its prepare() made (outlives workers)
         self._signals: deque = deque()
         self._next_status = 0.0
+        self.exporters: dict = {}  # side -> Popen of its Prometheus endpoint
 
     def _broker(self, b) -> embedded.EmbeddedBroker:
         name = b.name or b.listen.replace(":", "-")
@@ -141,6 +145,9 @@ class Supervisor:
             embedded.start_all(self.brokers)
             for stage in dict.fromkeys(w.spec.stage for w in self.workers):
                 self.inherited[stage] = worker.stage_class(stage).prepare(self.t, log)
+            launches.write_status(self.run_dir, self.status())
+            for side in self.sides:
+                self._start_exporter(side)
             for w in self.workers:
                 self._spawn(w)
             log.info("%s running: %d processes, run dir %s", "+".join(self.sides),
@@ -148,6 +155,9 @@ class Supervisor:
             code = self._watch()
         finally:
             self._drain()
+            for proc in self.exporters.values():
+                proc.terminate()
+                proc.wait()
             launches.unregister(registered)
             for resources in self.inherited.values():
                 for resource in resources.values():
@@ -188,7 +198,44 @@ class Supervisor:
             if now >= self._next_status:
                 self._next_status = now + 1.0
                 launches.write_status(self.run_dir, self.status())
+                for side, proc in list(self.exporters.items()):
+                    if proc.poll() is not None:
+                        log.warning("the %s metrics endpoint exited (%s): starting it again",
+                                    side, proc.returncode)
+                        self._start_exporter(side)
             time.sleep(0.05)
+
+    def _start_exporter(self, side: str, timeout: float = 10.0) -> None:
+        """The side's Prometheus endpoint (metrics.listen), a process of its own serving what
+        the workers mirror into run_dir/prometheus/<side>; DiodeError when it cannot listen."""
+        listen = getattr(self.t, side).metrics_listen
+        if not listen:
+            return
+        directory = worker.prometheus_dir(self.run_dir, side)
+        if side not in self.exporters:  # first start: nothing from an earlier launch
+            shutil.rmtree(directory, ignore_errors=True)
+        os.makedirs(directory, exist_ok=True)
+        log_path = os.path.join(self.run_dir, f"exporter-{side}.log")
+        with open(log_path, "wb") as out:  # (its last line says whether it serves)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "diode.runtime.exporter", "--listen", listen, "--dir",
+                 directory, "--status", os.path.join(self.run_dir, launches.STATUS_FILE),
+                 "--side", side], stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        self.exporters[side] = proc
+        deadline = time.monotonic() + timeout
+        while True:  # until it says it listens (a port taken by another would also accept)
+            with open(log_path) as f:
+                said = f.read().strip().splitlines()
+            if said and said[-1] == f"{exporter.READY} {listen}":
+                break
+            if proc.poll() is not None:
+                raise DiodeError(said[-1] if said else
+                                 f"{side}.metrics.listen {listen}: the endpoint exited")
+            if time.monotonic() > deadline:
+                raise DiodeError(f"{side}.metrics.listen {listen}: not listening within "
+                                 f"{timeout:.0f} s")
+            time.sleep(0.05)
+        log.info("%s metrics: http://%s/metrics", side, listen)
 
     def status(self) -> dict:
         """What `diode tune --live` (and an operator) reads of this launch: every worker's

@@ -59,6 +59,11 @@ def host_port(v):
     return None
 
 
+def optional(check):
+    """`check`, or empty."""
+    return lambda v: None if v == "" else check(v)
+
+
 def strings(v):
     bad = [item for item in v if not isinstance(item, str)]
     return f"items must be strings, not {bad[0]!r}" if bad else None
@@ -218,6 +223,11 @@ class SenderSettings:
     stages: dict = setting({}, "Processes per stage type: kafka_reader, packer, udp_sender "
                            "(exactly 1). Each maps to instances and cpus.",
                            example={"packer": {"instances": 2, "cpus": [1]}})
+    metrics_listen: str = setting(
+        "", "host:port of this side's Prometheus endpoint: every worker's metrics and the "
+        "supervisor's (worker states and restarts), served by one exporter process per side "
+        "(prometheus_client multiprocess mode). Empty: none (the textfiles remain).",
+        optional(host_port))
 
 
 @dataclass(frozen=True)
@@ -293,6 +303,11 @@ class ReceiverSettings:
     stages: dict = setting({}, "Processes per stage type: udp_reader (exactly 1), unpacker, "
                            "kafka_writer. Each maps to instances and cpus.",
                            example={"unpacker": {"instances": 2}})
+    metrics_listen: str = setting(
+        "", "host:port of this side's Prometheus endpoint: every worker's metrics and the "
+        "supervisor's (worker states and restarts), served by one exporter process per side "
+        "(prometheus_client multiprocess mode). Empty: none (the textfiles remain).",
+        optional(host_port))
 
 
 @dataclass(frozen=True)
@@ -333,6 +348,10 @@ class SupervisorSettings:
                                       "stages, in messages (each a batch).", positive)
     run_dir: str = setting("", "Directory for the ZeroMQ ipc endpoints; empty: a new "
                            "temporary directory per launch.")
+    metrics_textfile: bool = setting(
+        True, "Each worker also writes its metrics as Prometheus text to "
+        "<run dir>/metrics/<side>-<stage>-<index>.prom about once a second (a node exporter's "
+        "textfile collector; diode tune --live and diode soak read them).")
 
 
 @dataclass(frozen=True)
@@ -519,6 +538,9 @@ def _cross_checks(t: Topology) -> list[str]:
             problems.append(f"{side}.kafka.bootstrap.servers: required")
         for k, v in kafka.items():
             problems += [f"{side}.kafka.{k}: {p}" for p in kafka_value_problems(k, v)]
+    if t.sender.metrics_listen and t.sender.metrics_listen == t.receiver.metrics_listen:
+        problems.append("receiver.metrics.listen: the same address as sender.metrics.listen "
+                        "(one endpoint per side; a launch of both sides would serve two)")
     for src, dst in t.receiver.topic_rename.items():
         if not isinstance(dst, str) or not dst:
             problems.append(f"receiver.topic.rename.{src}: must be a topic name")

@@ -128,6 +128,7 @@ class Stage:
         if self._outboxes:
             self.metrics.set("output_blocked_seconds",
                              round(sum(b.blocked_seconds for b in self._outboxes), 3))
+            self.metrics.set("output_queue_messages", sum(len(b) for b in self._outboxes))
 
     @classmethod
     def prepare(cls, topology, log) -> dict:
@@ -235,8 +236,11 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherit
         psutil.Process().cpu_affinity(list(spec.cpus))
     heartbeats.beat(slot)
 
+    exported = getattr(topology, spec.side).metrics_listen
     metrics = Metrics({"side": spec.side, "stage": spec.stage, "index": spec.index},
-                      f"{run_dir}/metrics/{spec.side}-{spec.stage}-{spec.index}.prom")
+                      f"{run_dir}/metrics/{spec.side}-{spec.stage}-{spec.index}.prom"
+                      if topology.supervisor.metrics_textfile else None,
+                      prometheus_dir=prometheus_dir(run_dir, spec.side) if exported else None)
     ctx = zmq.Context()
     stage = stage_class(spec.stage)(StageContext(topology, spec, run_dir, secrets, ctx, metrics,
                                                  incarnation, inherited))
@@ -277,6 +281,11 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherit
         metrics.maybe_write(force=True)
         ctx.destroy(linger=0)
     return 0
+
+
+def prometheus_dir(run_dir: str, side: str) -> str:
+    """Where a side's workers mirror their metrics for its exporter (diode.runtime.exporter)."""
+    return os.path.join(run_dir, "prometheus", side)
 
 
 def configure_logging(level=logging.INFO) -> None:

@@ -34,6 +34,7 @@ import psutil
 import yaml
 
 from diode.kafka import brokers as embedded
+from diode.runtime import launches
 from diode.runtime import topology as topo
 from diode.errors import DiodeError
 from diode.runtime.metrics import read_counter
@@ -84,19 +85,7 @@ class Launch:
 
     def workers(self) -> dict:
         """Process title ("receiver/unpacker-0") -> psutil.Process of every live worker."""
-        out = {}
-        try:
-            children = self.ps.children() if self.alive() else []
-        except psutil.Error:
-            children = []
-        for child in children:
-            try:
-                title = " ".join(child.cmdline()).strip()
-            except psutil.Error:
-                continue
-            if title.startswith("diode: ") and not title.startswith("diode: supervisor"):
-                out[title[len("diode: "):]] = child
-        return out
+        return launches.workers_of(self.ps) if self.alive() else {}
 
     def wait_ready(self, count: int, timeout: float = 60.0) -> None:
         """Until `count` workers of this start have written their metrics (sockets and clients
@@ -384,6 +373,8 @@ class Soak:
             self._bootstrap("source", plan)
         raw["receiver"].setdefault("kafka", {})["bootstrap.servers"] = \
             self._bootstrap("destination", plan)
+        for side in ("sender", "receiver"):  # each side's Prometheus endpoint on a free port
+            raw[side]["metrics.listen"] = f"127.0.0.1:{embedded.free_port()}"
         raw["sender"]["topics"] = plan.topics
         raw["sender"].pop("topics.regex", None)
         raw["sender"]["start.position"] = "earliest"

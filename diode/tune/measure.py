@@ -246,11 +246,13 @@ class Bench:
         data["name"] = f"tune-{self.id}-{self._n}"  # its own consumer group
         s = data.setdefault("sender", {})
         s.pop("topics.regex", None)
+        s.pop("metrics.listen", None)  # (the stages are measured, not an endpoint)
         s.update({"topics": [topic], "start.position": "earliest", "stages": stages["sender"],
                   "dead.letter.topic": f"diode-tune-{self.id}-dead-letter"})
         if self.started:
             s["kafka"] = dict(self.src)
         r = data.setdefault("receiver", {})
+        r.pop("metrics.listen", None)
         r.update({"stages": stages["receiver"],
                   "journal.dir": str(self.work / f"journal-{self._n}"),
                   "missing.records.topic": f"diode-tune-{self.id}-missing",

@@ -24,8 +24,9 @@ def test_text_is_prometheus_exposition_format():
     text = sample_metrics().text()
     assert text.endswith("\n")
     lines = text.splitlines()
-    assert "# TYPE diode_datagrams counter" in lines
-    assert "# TYPE diode_rejects counter" in lines
+    # Prometheus conventions: counters end in _total
+    assert "# TYPE diode_datagrams_total counter" in lines
+    assert "# TYPE diode_rejects_total counter" in lines
     assert "# TYPE diode_queue_depth gauge" in lines
     for line in lines:
         assert line.startswith("# TYPE ") or SAMPLE.match(line), line
@@ -110,3 +111,74 @@ def test_large_counters_keep_every_unit(value):
     m = Metrics({"side": "sender"})
     m.inc("bytes", value)
     assert read_counter(m.text(), "bytes") == value
+
+
+def test_cumulative_gauges_are_counters_and_latency_is_a_histogram():
+    m = Metrics({"side": "receiver", "stage": "kafka_writer", "index": "0"})
+    m.set("cpu_seconds", 12.5)  # a process's CPU so far: only grows
+    for seconds in (0.004, 0.02, 0.02, 3.0, 100.0, 1000.0):
+        m.observe("end_to_end_latency_seconds", seconds)
+    lines = m.text().splitlines()
+    assert "# TYPE diode_cpu_seconds_total counter" in lines
+    assert "# TYPE diode_end_to_end_latency_seconds histogram" in lines
+    labels = 'side="receiver",stage="kafka_writer",index="0"'
+    assert f'diode_end_to_end_latency_seconds_bucket{{{labels},le="0.005"}} 1' in lines
+    assert f'diode_end_to_end_latency_seconds_bucket{{{labels},le="0.025"}} 3' in lines
+    assert f'diode_end_to_end_latency_seconds_bucket{{{labels},le="300.0"}} 5' in lines
+    assert f'diode_end_to_end_latency_seconds_bucket{{{labels},le="+Inf"}} 6' in lines
+    assert f"diode_end_to_end_latency_seconds_count{{{labels}}} 6" in lines
+    assert read_counter(m.text(), "cpu_seconds") == 12.5
+
+
+def test_the_prometheus_mirror_serves_what_the_worker_counted(tmp_path):
+    """Two worker processes' metrics in prometheus_client's multiprocess files, collected as the
+    HTTP exporter does: counters summed across a restart, a dead process's gauges gone."""
+    import subprocess
+    import sys
+    code = """
+import sys
+from diode.runtime.metrics import Metrics
+m = Metrics({"side": "receiver", "stage": "unpacker", "index": "0"},
+            prometheus_dir=sys.argv[1])
+m.inc("datagrams", int(sys.argv[2]))
+m.inc("rejects", 2, reason="auth_failed")
+m.set("journal_bytes", int(sys.argv[2]))
+m.set("cpu_seconds", 1.5)
+m.observe("end_to_end_latency_seconds", 0.02)
+m.maybe_write(force=True)
+m.inc("datagrams", 1)
+m.maybe_write(force=True)
+print(__import__("os").getpid())
+"""
+    pids = [int(subprocess.run([sys.executable, "-c", code, str(tmp_path), str(n)], check=True,
+                               capture_output=True, text=True).stdout) for n in (10, 20)]
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+    multiprocess.mark_process_dead(pids[0], str(tmp_path))  # the first one died
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(tmp_path))
+    text = generate_latest(registry).decode()
+    labels = 'index="0",side="receiver",stage="unpacker"'
+    assert f"diode_datagrams_total{{{labels}}} 32.0" in text  # 11 + 21: both lives count
+    assert read_counter(text, "rejects", reason="auth_failed", side="receiver") == 4
+    assert f"diode_journal_bytes{{{labels}}} 20.0" in text  # the live process's alone
+    assert f"diode_cpu_seconds_total{{{labels}}} 3.0" in text
+    assert f"diode_end_to_end_latency_seconds_count{{{labels}}} 2.0" in text
+
+
+def test_a_stage_exports_every_series_of_its_own_from_zero_and_each_once():
+    """Rates and alerts need a series before the first event; a count the stage sets (the
+    writer's acknowledged records) is one series, not two."""
+    from diode.runtime.metrics import CATALOG
+    m = Metrics({"side": "receiver", "stage": "kafka_writer", "index": "0"})
+    m.set("records", 42)
+    text = m.text()
+    series = [line.split(" ")[0] for line in text.splitlines() if not line.startswith("#")]
+    assert len(series) == len(set(series))
+    assert read_counter(text, "records") == 42
+    assert read_counter(text, "missing_records") == 0 and "diode_missing_records_total{" in text
+    assert read_counter(text, "rejects", reason="misrouted") == 0  # each reason from 0
+    assert 'diode_rejects_total{side="receiver",stage="kafka_writer",index="0",' \
+           'reason="misrouted"} 0' in text
+    for name, metric in CATALOG.items():
+        if "kafka_writer" in metric.stages and metric.kind != "histogram":
+            assert f"diode_{name}" in text, name

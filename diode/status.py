@@ -1,0 +1,193 @@
+"""`diode status [TOPOLOGY]`: the running launches at a glance.
+
+Each launch registers itself (diode.runtime.launches); its supervisor's status file gives every
+worker's state, pid, CPUs and restarts, and the workers' metrics (textfiles, or the side's
+Prometheus endpoint when the textfiles are off), read twice a moment apart, give their rates.
+Per launch: the workers (state, pid, pinned CPUs and the CPU each last ran on, restarts,
+records/s, CPU %), the link (age of the sender's last heartbeat, sender sessions, datagrams the
+socket dropped and the receiver rejected), the destination (backlog, journal) and the missing
+ranges reported in the last hour. Exit 1 when nothing runs.
+"""
+
+import json
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from diode.errors import DiodeError
+from diode.runtime import launches
+from diode.runtime.metrics import read_counter
+
+RATE_OF = {"kafka_reader": "records", "packer": "datagrams", "udp_sender": "datagrams",
+           "udp_reader": "datagrams", "unpacker": "records", "kafka_writer": "records"}
+
+
+def _texts(entry: dict, topology) -> list[str]:
+    """The launch's metrics as Prometheus text: its workers' textfiles, else its endpoints."""
+    files = sorted(Path(entry["run_dir"], "metrics").glob("*.prom"))
+    texts = []
+    for f in files:
+        try:
+            texts.append(f.read_text())
+        except OSError:
+            pass
+    if texts or topology is None:
+        return texts
+    for side in entry["sides"]:
+        listen = getattr(topology, side).metrics_listen
+        if listen:
+            try:
+                with urllib.request.urlopen(f"http://{listen}/metrics", timeout=5) as r:
+                    texts.append(r.read().decode())
+            except OSError:
+                pass
+    return texts
+
+
+def _per_worker(texts: list[str], name: str) -> dict:
+    """(side, stage, index) -> the metric's value, summed over samples."""
+    out: dict = {}
+    for text in texts:
+        for line in text.splitlines():
+            if not line.startswith((f"diode_{name}{{", f"diode_{name}_total{{")):
+                continue
+            labels, value = line[line.index("{") + 1:].rsplit("} ", 1)
+            found = dict(p.split("=", 1) for p in labels.split(",") if p)
+            key = tuple(found.get(k, '""').strip('"') for k in ("side", "stage", "index"))
+            out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def snapshot(entry: dict, topology=None) -> dict:
+    texts = _texts(entry, topology)
+    return {"t": time.monotonic(), "texts": texts,
+            **{m: _per_worker(texts, m) for m in ("records", "datagrams", "cpu_seconds")}}
+
+
+def launch_status(entry: dict, before: dict, after: dict) -> dict:
+    """What `diode status` shows of one launch, from two snapshots."""
+    import psutil
+    dt = max(1e-6, after["t"] - before["t"])
+    status = launches.read_status(entry["run_dir"]) or {}
+    workers = []
+    for w in status.get("workers", []):
+        key = (w["side"], w["stage"], str(w["index"]))
+        metric = RATE_OF.get(w["stage"], "records")
+        rate = max(0.0, after[metric].get(key, 0.0) - before[metric].get(key, 0.0)) / dt
+        cpu = max(0.0, after["cpu_seconds"].get(key, 0.0) -
+                  before["cpu_seconds"].get(key, 0.0)) / dt
+        try:
+            on = psutil.Process(w["pid"]).cpu_num() if w["pid"] else None
+        except psutil.Error:
+            on = None
+        workers.append({**w, "on_cpu": on, "rate": round(rate, 1), "rate_of": metric,
+                        "cpu_percent": round(100 * cpu, 1)})
+    text = "".join(after["texts"])
+
+    def total(name, **labels):
+        return read_counter(text, name, **labels)
+
+    receiver = "receiver" in entry["sides"]
+    heartbeat = [float(v) for line in text.splitlines()
+                 if line.startswith("diode_link_heartbeat_age_seconds{")
+                 for v in [line.rsplit(" ", 1)[1]]]
+    sessions = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith("diode_sessions_active{")]
+    return {
+        "pid": entry["pid"], "topology": entry["topology"], "name": entry["name"],
+        "sides": entry["sides"], "run_dir": entry["run_dir"],
+        "up_seconds": round(time.time() - entry["started"]),
+        "workers": workers,
+        "link": {"heartbeat_age_seconds": min(heartbeat) if heartbeat else None,
+                 "sessions": int(max(sessions)) if sessions else None,
+                 "socket_drops": int(total("socket_drops")),
+                 "rejected": int(total("rejects", side="receiver")),
+                 "missing_records": int(total("missing_records")),
+                 "missing_ranges": int(total("missing_ranges"))} if receiver else None,
+        "destination": {"backlog_records": int(total("backlog_records")),
+                        "journal_bytes": int(total("journal_bytes")),
+                        "journal_unforwarded_bytes": int(total("journal_unforwarded_bytes"))}
+        if receiver else None,
+        "missing_last_hour": {"ranges": int(total("missing_ranges_last_hour")),
+                              "records": int(total("missing_records_last_hour"))}
+        if receiver else None,
+        "sender": {"inflight_records": int(total("inflight_records")),
+                   "dead_letter_records": int(total("dead_letter_records"))}
+        if "sender" in entry["sides"] else None,
+    }
+
+
+def _age(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def render(s: dict) -> str:
+    lines = [f"{s['name']} ({s['topology']}): {'+'.join(s['sides'])}, supervisor pid "
+             f"{s['pid']}, up {_age(s['up_seconds'])}, run dir {s['run_dir']}",
+             f"  {'worker':<26} {'state':<9} {'pid':>7} {'cpus':<7} {'on':>3} {'restarts':>8} "
+             f"{'rate':>14} {'cpu':>6}"]
+    for w in s["workers"]:
+        cpus = ",".join(map(str, w["cpus"])) or "all"
+        on = "-" if w["on_cpu"] is None else str(w["on_cpu"])
+        rate = f"{w['rate']:,.0f} {w['rate_of'][:4]}/s"
+        lines.append(f"  {w['name']:<26} {w['state']:<9} {w['pid'] or '-':>7} {cpus:<7} "
+                     f"{on:>3} {w['restarts']:>8} {rate:>14} {w['cpu_percent']:>5.0f}%")
+    if s["link"] is not None:
+        k = s["link"]
+        age = "never" if k["heartbeat_age_seconds"] is None else \
+            f"{k['heartbeat_age_seconds']:.1f} s ago"
+        lines.append(f"  link: last heartbeat {age}, {k['sessions'] or 0} sender session(s); "
+                     f"{k['socket_drops']} datagrams dropped by the socket, {k['rejected']} "
+                     f"rejected; {k['missing_records']} records reported missing in all "
+                     f"({k['missing_ranges']} ranges)")
+        d = s["destination"]
+        lines.append(f"  destination: {d['backlog_records']} records waiting for the cluster; "
+                     f"journal {d['journal_bytes'] / 2 ** 20:.1f} MiB "
+                     f"({d['journal_unforwarded_bytes'] / 2 ** 20:.1f} MiB not yet forwarded)")
+        m = s["missing_last_hour"]
+        lines.append(f"  missing in the last hour: {m['ranges']} ranges, {m['records']} records")
+    if s["sender"] is not None:
+        lines.append(f"  sender: {s['sender']['inflight_records']} records sent, not yet "
+                     f"committed; {s['sender']['dead_letter_records']} to the dead-letter topic")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    from diode.runtime import topology as topo
+    found = launches.running(args.topology)
+    if args.run_dir:
+        found = [e for e in launches.running() if Path(e["run_dir"]) == Path(args.run_dir)]
+    if not found:
+        print("diode status: no diode launch is running" +
+              (f" for {args.topology}" if args.topology else "") +
+              f" (launches register in {launches.state_dir()})", file=sys.stderr)
+        return 1
+    topologies = {}
+    for e in found:
+        try:
+            topologies[e["pid"]] = topo.load(e["topology"])
+        except (OSError, DiodeError):
+            topologies[e["pid"]] = None
+    before = {e["pid"]: snapshot(e, topologies[e["pid"]]) for e in found}
+    time.sleep(args.seconds)
+    out = [launch_status(e, before[e["pid"]], snapshot(e, topologies[e["pid"]]))
+           for e in found]
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        print("\n\n".join(render(s) for s in out))
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("status", help="the running launches at a glance: workers, link, "
+                       "destination, missing ranges (exit 1: none runs)")
+    p.add_argument("topology", nargs="?", help="only the launches of this topology file")
+    p.add_argument("--run-dir", help="only the launch with this run directory")
+    p.add_argument("--seconds", type=float, default=1.0,
+                   help="how long to watch for the rates (default 1)")
+    p.add_argument("--json", action="store_true", help="the same as JSON")
+    p.set_defaults(func=main)
