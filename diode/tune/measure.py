@@ -14,7 +14,6 @@ datagram: cpu = r × records + d × datagrams, solved per stage (docs/tuning.md 
 """
 
 import copy
-import dataclasses
 import secrets
 import shutil
 import socket
@@ -377,15 +376,3 @@ def _delete_topics(kafka: dict, topics: list) -> None:
                 pass
     except Exception:  # noqa: BLE001 - best effort: the bench's topics are named for it
         pass
-
-
-def replace_stages(t, stages: dict):
-    """`t` with its stages' instances and cpus as in `stages` (for predictions)."""
-    sides = {}
-    for side in SIDES:
-        current = getattr(t, side)
-        new = {name: dataclasses.replace(current.stages[name], **{
-            k.replace(".", "_"): v for k, v in stages[side][name].items()})
-            for name in PIPELINES[side]}
-        sides[side] = dataclasses.replace(current, stages=new)
-    return dataclasses.replace(t, **sides)
