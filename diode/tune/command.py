@@ -183,6 +183,24 @@ def verify_table(v: dict) -> str:
 
 # -- the command ---------------------------------------------------------------------------------
 
+def measurable_rate(t, mix: list) -> float:
+    """The highest rate a measurement runs at: half of what this machine's receiver was
+    estimated to take (diode.tune.capacity, its own code without brokers) and half of what this
+    process can produce, so that the pipeline measured is busy but never saturated (a
+    saturated stage's cost per record is not its cost at the rate). Costs measured below the
+    target are a little higher per record than at it (smaller batches): the plan errs on the
+    safe side."""
+    from diode.soak.traffic import Records, cost_per_record, mean_size
+    from diode.tune.capacity import measure_receiver
+    limits = [0.5 / cost_per_record(Records(["tune"], 8, mix, 1), 5000)]
+    try:
+        est = measure_receiver(t, int(mean_size(mix)))
+        limits.append(0.5 * est.max_datagrams_per_second()[0] * est.records_per_datagram)
+    except ValueError:  # records larger than a datagram: fragments; the producer bounds it
+        pass
+    return min(limits)
+
+
 def _rate(text: str, mean_size: float) -> float:
     from diode.soak.traffic import Rate
     return Rate.parse(text, mean_size).records_per_second
@@ -211,10 +229,11 @@ def main(args) -> int:
     from diode.soak.traffic import mean_size
     rate = _rate(args.rate, mean_size(mix))
     machine, facts = read_machine(t.link.host)
+    at = min(rate, measurable_rate(t, mix))
     with Bench(t, raw, args.broker_kind) as bench:
-        say(f"measuring each stage at {rate:,.0f} records/s of {mean_size(mix):.0f} bytes on "
-            f"{bench.where} (about {2 * (MEASURE_SECONDS + WARMUP_SECONDS + 4):.0f} s)")
-        measured = measure(t, raw, mix, rate, bench, args.seconds)
+        say(f"measuring each stage at {at:,.0f} records/s of {mean_size(mix):.0f} bytes on "
+            f"{bench.where} (about {2 * (args.seconds + WARMUP_SECONDS + 4):.0f} s)")
+        measured = measure(t, raw, mix, at, bench, args.seconds, say)
         advice = advise(t, measured, rate, machine, facts, args.utilisation)
         new = edit.proposed_text(text, advice["topology"])
         advice["diff"] = edit.diff(args.topology, text, new)
