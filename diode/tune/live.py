@@ -8,7 +8,7 @@ some seconds apart:
   over the limit, they bound the rate;
 - an instance far above its siblings carries more partitions (they are split by hash);
 - output blocked: the time a stage's next stage took nothing (backpressure): the next stage
-  is the slower;
+  is the slower; queued: the messages waiting at its output now;
 - datagrams the receiver's socket dropped, the journal's unforwarded bytes and the writers'
   backlog say where records wait.
 
@@ -26,7 +26,8 @@ from diode.runtime.topology import PIPELINES, SINGLE_INSTANCE
 from diode.tune.decide import UTILISATION
 
 # per worker, the metrics read (counters and gauges alike: read_counter sums samples)
-WORKER_METRICS = ("cpu_seconds", "output_blocked_seconds", "records", "datagrams")
+WORKER_METRICS = ("cpu_seconds", "output_blocked_seconds", "output_queue_messages", "records",
+                  "datagrams")
 SIDE_METRICS = {"socket_drops": ("receiver", "udp_reader"),
                 "journal_unforwarded_bytes": ("receiver", "udp_reader"),
                 "backlog_records": ("receiver", "kafka_writer"),
@@ -81,7 +82,9 @@ def advise(before: dict, after: dict, limit: float = UTILISATION) -> dict:
         util = max(0.0, w["cpu_seconds"] - b["cpu_seconds"]) / dt
         blocked = max(0.0, w["output_blocked_seconds"] - b["output_blocked_seconds"]) / dt
         s = stages.setdefault(w["stage"], {"side": w["side"], "instances": 0, "load": 0.0,
-                                           "busiest": 0.0, "blocked": 0.0, "records": 0.0})
+                                           "busiest": 0.0, "blocked": 0.0, "queued": 0,
+                                           "records": 0.0})
+        s["queued"] += int(w.get("output_queue_messages", 0))
         s["instances"] += 1
         s["load"] += util
         s["busiest"] = max(s["busiest"], util)
@@ -165,7 +168,7 @@ def table(advice: dict) -> str:
     lines = [f"over {advice['seconds']:g} s: " + ", ".join(
         f"{side} {r:,} records/s" for side, r in advice["records_per_second"].items()),
         f"{'stage':<24} {'instances':>9} {'load':>7} {'busiest':>8} {'blocked':>8} "
-        f"{'µs/record':>10}  advice"]
+        f"{'queued':>6} {'µs/record':>10}  advice"]
     for side in PIPELINES:
         for stage in PIPELINES[side]:
             s = advice["stages"].get(stage)
@@ -173,6 +176,7 @@ def table(advice: dict) -> str:
                 continue
             cost = "-" if s["cost_us_per_record"] is None else f"{s['cost_us_per_record']:.2f}"
             lines.append(f"{side + '/' + stage:<24} {s['instances']:>9} {s['load']:>7.0%} "
-                         f"{s['busiest']:>8.0%} {s['blocked']:>8.0%} {cost:>10}  {s['advice']}")
+                         f"{s['busiest']:>8.0%} {s['blocked']:>8.0%} {s['queued']:>6} "
+                         f"{cost:>10}  {s['advice']}")
     lines += [f"- {n}" for n in advice["notes"]]
     return "\n".join(lines)

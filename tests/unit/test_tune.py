@@ -237,7 +237,8 @@ def snapshot(t, workers, **totals):
         stage, index = rest.rsplit("-", 1)
         out[name] = {"side": side, "stage": stage, "index": int(index), "state": "running",
                      "restarts": 0, "cpu_seconds": cpu, "output_blocked_seconds": blocked,
-                     "records": records, "datagrams": 0}
+                     "output_queue_messages": 4 if blocked else 0, "records": records,
+                     "datagrams": 0}
     return {"t": t, "workers": out, "totals": totals, "sides": ["sender", "receiver"]}
 
 
@@ -261,6 +262,7 @@ def test_live_advice_widens_the_hot_stage_narrows_the_idle_one_and_names_the_slo
     assert s["kafka_writer"]["cost_us_per_record"] == pytest.approx(95)
     assert s["unpacker"]["advice"] == "narrow to 1 instances (frees a core)"
     assert s["udp_reader"]["advice"] == "keep"
+    assert s["unpacker"]["queued"] == 8 and s["kafka_writer"]["queued"] == 0
     notes = "\n".join(a["notes"])
     assert "unpacker waited on kafka_writer 60% of the time" in notes
     assert "dropped 250 datagrams" in notes and "50.0 MiB of datagrams wait" in notes
