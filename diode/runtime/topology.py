@@ -114,6 +114,15 @@ def kafka_value_problems(key: str, value) -> list[str]:
     return problems
 
 
+def metrics_listen():
+    """Each side's `metrics.listen` setting."""
+    return setting(
+        "", "host:port of this side's Prometheus endpoint: every worker's metrics and the "
+        "supervisor's (worker states and restarts), served by one exporter process per side "
+        "(prometheus_client multiprocess mode). Empty: none (the textfiles remain).",
+        optional(host_port))
+
+
 # -- the registry ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -223,11 +232,7 @@ class SenderSettings:
     stages: dict = setting({}, "Processes per stage type: kafka_reader, packer, udp_sender "
                            "(exactly 1). Each maps to instances and cpus.",
                            example={"packer": {"instances": 2, "cpus": [1]}})
-    metrics_listen: str = setting(
-        "", "host:port of this side's Prometheus endpoint: every worker's metrics and the "
-        "supervisor's (worker states and restarts), served by one exporter process per side "
-        "(prometheus_client multiprocess mode). Empty: none (the textfiles remain).",
-        optional(host_port))
+    metrics_listen: str = metrics_listen()
 
 
 @dataclass(frozen=True)
@@ -303,11 +308,7 @@ class ReceiverSettings:
     stages: dict = setting({}, "Processes per stage type: udp_reader (exactly 1), unpacker, "
                            "kafka_writer. Each maps to instances and cpus.",
                            example={"unpacker": {"instances": 2}})
-    metrics_listen: str = setting(
-        "", "host:port of this side's Prometheus endpoint: every worker's metrics and the "
-        "supervisor's (worker states and restarts), served by one exporter process per side "
-        "(prometheus_client multiprocess mode). Empty: none (the textfiles remain).",
-        optional(host_port))
+    metrics_listen: str = metrics_listen()
 
 
 @dataclass(frozen=True)
