@@ -19,7 +19,7 @@ from pathlib import Path
 
 from diode.errors import DiodeError
 
-CHECKOUT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[2]  # (diode/kafka/maven.py)
 
 
 @dataclass(frozen=True)
