@@ -82,7 +82,7 @@ def main() -> int:
     for table in dict.fromkeys(r["table"] for r in results):
         rows = [r for r in results if r["table"] == table]
         print(f"\n### {table}\n")
-        print("| variant | records/s | per datagram | " + " | ".join(STAGES) +
+        print("| variant | records/s | records/datagram | " + " | ".join(STAGES) +
               " | total |")
         print("| --- | ---: | ---: | " + " | ".join("---:" for _ in STAGES) + " | ---: |")
         for r in rows:
