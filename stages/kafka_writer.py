@@ -69,6 +69,7 @@ ASK_AGAIN_SECONDS = 1.0      # a replay asked for and not begun yet is asked aga
 FLUSH_SECONDS = 2.0          # a checkpoint waits this long at most for acknowledgements
 RECOVER_AGAIN_SECONDS = 5.0  # the destination could not be read: try again after this
 TOPIC_GIVE_UP_SECONDS = 60.0  # a destination topic not creatable this long: dead letters
+MAX_LATENCY_MARKS = 4096     # runs produced and not yet acknowledged whose latency is still due
 # Errors after which a topic or a record will never be written, whatever the wait.
 REFUSED_FOR_GOOD = {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.MSG_SIZE_TOO_LARGE,
                     KafkaError.TOPIC_EXCEPTION, KafkaError.POLICY_VIOLATION,
@@ -102,6 +103,9 @@ class Stage(BaseStage):
         self.sent = deque(maxlen=MAX_SENT_RUNS)
         self.produced = 0   # records the producer accepted
         self.failed = 0     # records the destination refused
+        # (records produced up to and including a run's oldest, its source timestamp in ms):
+        # its end-to-end latency is observed once the destination has acknowledged as many.
+        self.latency_marks: deque = deque(maxlen=MAX_LATENCY_MARKS)
         self.admin = AdminClient(admin_config(kafka))
         self.dest_partitions: dict = {}   # destination topic -> partition count
         self.source_partitions: dict = {}  # source topic -> partition count (from the sender)
@@ -151,7 +155,9 @@ class Stage(BaseStage):
         if self.events is not None:
             self.events.poll(0)
         self._produce_events()
-        self.metrics.set("records", self.produced - self.failed - len(self.producer))
+        outstanding = len(self.producer)
+        self.metrics.set("records", self.produced - self.failed - outstanding)
+        self._observe_latency(self.produced - outstanding)
         now = time.monotonic()
         if not all(self.trusted) and now >= self.ask_again:
             # (asked as of now: a notice that answered the first ask may have been lost)
@@ -194,6 +200,7 @@ class Stage(BaseStage):
             self.producer.poll(0.05)
             return True
         self._flush()
+        self._observe_latency(self.produced - len(self.producer))
         if self.durable:
             self._checkpoint(time.monotonic(), final=True)
         return False
@@ -570,8 +577,7 @@ class Stage(BaseStage):
             done = produce_run(self.producer, topic, partition, run, entry[2], entry[1],
                                written_at)
             if done > entry[1] and run.types[entry[1]]:  # one sample a run: its oldest record
-                self.metrics.observe("end_to_end_latency_seconds",
-                                     max(0, now_ms - run.timestamps[entry[1]]) / 1000)
+                self.latency_marks.append((self.produced + 1, run.timestamps[entry[1]]))
             self.sent.append((topic, run, entry[2]))
             self.produced += done - entry[1]
             self.backlog_records -= done - entry[1]
@@ -582,6 +588,20 @@ class Stage(BaseStage):
                 backlog.clear()
         self.backlog = kept
         self.metrics.set("backlog_records", self.backlog_records)
+
+    def _observe_latency(self, acknowledged: int) -> None:
+        """End-to-end latency, source timestamp to the destination's acknowledgement, of each
+        sampled run the destination has acknowledged by now. Delivery reports come for errors
+        only, so a run counts as acknowledged once the producer holds fewer records than were
+        produced after its oldest (librdkafka delivers in order per partition; across
+        partitions this is the order they were produced in)."""
+        marks = self.latency_marks
+        if not marks or marks[0][0] > acknowledged:
+            return
+        now_ms = time.time() * 1000
+        while marks and marks[0][0] <= acknowledged:
+            self.metrics.observe("end_to_end_latency_seconds",
+                                 max(0.0, now_ms - marks.popleft()[1]) / 1000)
 
     def _dead_letter_run(self, run: Run, start: int, topic: str, error: str) -> None:
         """A run whose destination topic cannot be created: to the dead-letter topic."""

@@ -135,8 +135,8 @@ CATALOG = {
     "link_heartbeat_age_seconds": Metric("gauge", ("kafka_writer",), "Since the sender's last "
                                          "heartbeat, on the receiver's clock (writer 0)"),
     "end_to_end_latency_seconds": Metric("histogram", ("kafka_writer",), "Source timestamp to "
-                                         "the record handed to the destination's producer, "
-                                         "one sample a run of records (its oldest)"),
+                                         "the destination's acknowledgement, one sample a "
+                                         "run of records (its oldest)"),
     "worker_up": Metric("gauge", ("supervisor",), "1 while the worker runs"),
     "worker_restarts": Metric("counter", ("supervisor",), "Times the supervisor restarted "
                               "the worker"),

@@ -75,10 +75,13 @@ def test_each_side_serves_every_documented_metric_and_status_shows_the_launch(
             text = scrape(listen["sender"]) + scrape(listen["receiver"])
             if sample(text, "diode_records_total", stage="kafka_writer") == 500 and \
                     sample(text, "diode_rejects_total", reason="bad_magic") == 1 and \
-                    "diode_end_to_end_latency_seconds_bucket" in text:
+                    sample(text, "diode_end_to_end_latency_seconds_count") >= 1:
                 break
             assert time.monotonic() < deadline, text
             time.sleep(0.5)
+        # latency is observed once the destination acknowledged: seconds, not the epoch
+        assert 0 < sample(text, "diode_end_to_end_latency_seconds_sum") < 60 * sample(
+            text, "diode_end_to_end_latency_seconds_count")
         served = names(text)
         catalog = {exported_name(n, m.kind) if m.kind != "histogram" else f"diode_{n}"
                    for n, m in CATALOG.items()}
