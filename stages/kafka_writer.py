@@ -592,9 +592,9 @@ class Stage(BaseStage):
     def _observe_latency(self, acknowledged: int) -> None:
         """End-to-end latency, source timestamp to the destination's acknowledgement, of each
         sampled run the destination has acknowledged by now. Delivery reports come for errors
-        only, so a run counts as acknowledged once the producer holds fewer records than were
-        produced after its oldest (librdkafka delivers in order per partition; across
-        partitions this is the order they were produced in)."""
+        only, so a run counts as acknowledged once the records no longer held by the producer
+        are as many as were produced up to its oldest: exact within a partition (librdkafka
+        acknowledges a partition's records in order), approximate across partitions."""
         marks = self.latency_marks
         if not marks or marks[0][0] > acknowledged:
             return
