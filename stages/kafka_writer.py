@@ -155,9 +155,7 @@ class Stage(BaseStage):
         if self.events is not None:
             self.events.poll(0)
         self._produce_events()
-        outstanding = len(self.producer)
-        self.metrics.set("records", self.produced - self.failed - outstanding)
-        self._observe_latency(self.produced - outstanding)
+        self._acknowledged(len(self.producer))
         now = time.monotonic()
         if not all(self.trusted) and now >= self.ask_again:
             # (asked as of now: a notice that answered the first ask may have been lost)
@@ -200,7 +198,6 @@ class Stage(BaseStage):
             self.producer.poll(0.05)
             return True
         self._flush()
-        self._observe_latency(self.produced - len(self.producer))
         if self.durable:
             self._checkpoint(time.monotonic(), final=True)
         return False
@@ -589,12 +586,15 @@ class Stage(BaseStage):
         self.backlog = kept
         self.metrics.set("backlog_records", self.backlog_records)
 
-    def _observe_latency(self, acknowledged: int) -> None:
-        """End-to-end latency, source timestamp to the destination's acknowledgement, of each
-        sampled run the destination has acknowledged by now. Delivery reports come for errors
-        only, so a run counts as acknowledged once the records no longer held by the producer
-        are as many as were produced up to its oldest: exact within a partition (librdkafka
-        acknowledges a partition's records in order), approximate across partitions."""
+    def _acknowledged(self, outstanding: int) -> None:
+        """What the destination has acknowledged, given the records the producer still holds:
+        the written count, and the end-to-end latency (source timestamp to acknowledgement) of
+        each sampled run acknowledged by now. Delivery reports come for errors only, so a run
+        counts as acknowledged once the records no longer held by the producer are as many as
+        were produced up to its oldest: exact within a partition (librdkafka acknowledges a
+        partition's records in order), approximate across partitions."""
+        acknowledged = self.produced - outstanding
+        self.metrics.set("records", acknowledged - self.failed)
         marks = self.latency_marks
         if not marks or marks[0][0] > acknowledged:
             return
@@ -699,7 +699,7 @@ class Stage(BaseStage):
         if self.events is not None:
             self.events.flush(self.t.supervisor.drain_timeout_seconds * 0.25)
         left = self.producer.flush(self.t.supervisor.drain_timeout_seconds * 0.5)
-        self.metrics.set("records", self.produced - self.failed - len(self.producer))
+        self._acknowledged(left)
         if left:
             self.log.error("stopping with %d record(s) not confirmed by the destination "
                            "cluster%s", left, "; the journal replays them at the next start"
