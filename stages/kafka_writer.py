@@ -28,7 +28,8 @@ nothing it needs is unwritten. A (re)started writer resumes from that, corrected
 destination already holds (diode.kafka.recovery: the provenance headers of its last records, and
 the missing ranges already reported), then asks the reader to replay the journal from the
 checkpoints; dedup drops what was written. Records the sender sent while no receiver was reading
-are reported as "receiver-down", once.
+are reported as "receiver-down", once: what live traffic shows missing before its first record
+(diode.accounting.ordering), in a partition restored or first seen after a restart.
 
 When the destination cluster is down the producer keeps retrying (message.timeout.ms 0) and its
 bounded queue fills: the writer stops taking input, the unpackers' queues fill, and the reader
@@ -135,6 +136,9 @@ class Stage(BaseStage):
         self.unrecovered: dict = {}       # source topic -> runs and claims waiting for that
         self.reported = None              # (topic, partition) -> ranges reported before
         self.since_ms = None              # the oldest checkpoint's time
+        # A restart (of this writer, or of a receiver that checkpointed before): a partition
+        # first seen now may have had records sent while no receiver read.
+        self.resuming = ctx.incarnation > 1
         self.next_checkpoint = time.monotonic() + r.checkpoint_interval_ms / 1000
         if self.durable:
             self._restore()
@@ -298,6 +302,7 @@ class Stage(BaseStage):
                 self.states[(topic, partition)] = PartitionState.restore(
                     state, self.r.reorder_wait_ms / 1000, self.r.reorder_wait_max_ms / 1000)
         if saved:
+            self.resuming = True
             self.since_ms = saved[0]["time_ms"]
             self.log.info("resuming %d partition(s) from the checkpoints in %s",
                           len(self.states), self.dir)
@@ -417,7 +422,8 @@ class Stage(BaseStage):
         state = self.states.get((topic, partition))
         if state is None:
             state = self.states[(topic, partition)] = PartitionState(
-                self.r.reorder_wait_ms / 1000, max_wait=self.r.reorder_wait_max_ms / 1000)
+                self.r.reorder_wait_ms / 1000, max_wait=self.r.reorder_wait_max_ms / 1000,
+                resumed=self.resuming)
         return state
 
     def _apply(self, topic: str, partition: int, u, wait: float | None = None) -> None:

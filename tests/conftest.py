@@ -92,7 +92,7 @@ class Launched:
 
     def __init__(self, topology: Path, run_dir: Path, side: str = "both"):
         self.run_dir = run_dir
-        self.log = open(run_dir.parent / f"launch-{side}.log", "wb")
+        self.log = open(run_dir.parent / f"launch-{side}.log", "ab")  # (a restart adds to it)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "diode", "launch", str(topology), "--side", side,
              "--run-dir", str(run_dir)], stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)

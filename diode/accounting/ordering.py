@@ -23,9 +23,12 @@ twice what that record needed, up to `max_wait`, so a loaded receiver stops rais
 alarms after the first.
 
 After a restart the state comes back from the writer's checkpoint (or from the destination's
-provenance headers) with `resumed` set: the first gap that live traffic (not the journal's replay
-of what arrived before) then shows is what the sender sent while no receiver was reading, and is
-reported with the reason "receiver-down".
+provenance headers) with `resumed` set, and so does a partition first seen by a restarted
+receiver. Until live traffic (not the journal's replay of what arrived before) writes a record of
+the partition, what it shows missing was sent while no receiver was reading, and is reported with
+the reason "receiver-down": the gap before the first live record, and every tail the sender's
+heartbeats claim before it (a heartbeat claims what the sender handed to its kernel, which it may
+learn after the restart of records it sent before).
 
 Memory is bounded: records waiting for a predecessor (`max_pending`, counted in records; beyond
 it the oldest gap is resolved at once), reported gaps remembered for late fills (`max_gaps`),
@@ -43,7 +46,8 @@ class Missing(NamedTuple):
     first: int
     last: int
     reason: str  # "gap": a later record arrived; "tail": a heartbeat said they were sent;
-    #              "receiver-down": sent while no receiver was reading (after a restart)
+    #              "receiver-down": sent while no receiver was reading (before the first
+    #              live record after a restart)
 
 
 CHECKPOINT_GAPS = 1000  # reported gaps a checkpoint keeps for late fills
@@ -68,7 +72,8 @@ def _tail(run, i: int):
 
 class PartitionState:
     def __init__(self, wait: float, max_pending: int = 100_000, max_gaps: int = 10_000,
-                 frontier: int | None = None, max_wait: float | None = None):
+                 frontier: int | None = None, max_wait: float | None = None,
+                 resumed: bool = False):
         self.wait = wait
         self.max_wait = max(wait, max_wait if max_wait is not None else wait)
         self._now = 0.0
@@ -93,7 +98,7 @@ class PartitionState:
         self._arrivals: deque = deque()    # (time, first offset) in arrival order
         self._claims: deque = deque()      # (time, last sent offset, live), increasing
         self.duplicates = 0
-        self.resumed = False               # restored after a restart, no live record seen yet
+        self.resumed = resumed             # after a restart, no live record written yet
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -112,7 +117,7 @@ class PartitionState:
         state.unknown = [list(g) for g in saved.get("unknown", [])]
         # the wait starts again at the first expire() after the restart
         state.expected = [[first, last, None] for first, last in saved.get("expected", [])]
-        state.resumed = saved["frontier"] is not None
+        state.resumed = True
         return state
 
     def written_up_to(self, offset: int) -> None:
@@ -257,12 +262,12 @@ class PartitionState:
                     rest = _tail(run, i)
                     u.writes.append(rest)
                     self.frontier = rest.offsets[-1]
+                    self.resumed = self.resumed and run.origin[2]
             elif _key(run) <= self.frontier:
                 self._pop()
                 u.writes.append(run)
                 self.frontier = run.offsets[-1]
-                if not run.origin[2]:
-                    self.resumed = False
+                self.resumed = self.resumed and run.origin[2]  # a live record: ends it
             else:
                 break
 
@@ -284,11 +289,9 @@ class PartitionState:
         self._release(u)
 
     def _reason(self, reason: str, live: bool) -> str:
-        """The first gap live traffic shows after a restart: sent while no receiver read."""
-        if self.resumed and live:
-            self.resumed = False
-            return "receiver-down"
-        return reason
+        """What live traffic shows missing before its first record after a restart: sent while
+        no receiver read. (`resumed` ends when a live record is written.)"""
+        return "receiver-down" if self.resumed and live else reason
 
     def _widen(self, now: float, filled: list) -> None:
         """Gaps reported too early were filled by the chain: wait longer (see the module)."""

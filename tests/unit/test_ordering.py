@@ -395,6 +395,39 @@ def test_a_heartbeat_after_a_restart_reports_the_tail_sent_while_down():
     assert state.expire(3.5).missing == [Missing(10, 14, "receiver-down")]
 
 
+def test_after_a_restart_every_tail_claimed_before_the_first_live_record_is_receiver_down():
+    """The sender's heartbeats claim what its kernel took, which it may learn late: two claims
+    after a restart can both name records sent while no receiver read."""
+    before = PartitionState(1.0)
+    sent = chain(range(30))
+    feed(before, sent[:10])
+    state = restarted(before)
+    state.heartbeat(0, 14, now=2.0, live=True)
+    state.heartbeat(0, 19, now=2.5, live=True)
+    assert state.expire(3.0).missing == [Missing(10, 14, "receiver-down")]
+    assert state.expire(3.5).missing == [Missing(15, 19, "receiver-down")]
+    # a live record written: from then on a tail that does not come is the link's
+    writes, missing, _ = feed(state, [live(r) for r in sent[20:22]], t=4.0)
+    assert offs(writes) == [20, 21] and not missing
+    state.heartbeat(0, 24, now=4.0, live=True)
+    assert state.expire(5.0).missing == [Missing(22, 24, "tail")]
+
+
+def test_a_partition_first_seen_by_a_restarted_receiver_reports_what_came_while_down():
+    """No checkpoint of this partition (the writer that owned it never wrote one) and nothing
+    at the destination: the journal replays what arrived, then live records show the gap."""
+    state = PartitionState(1.0, resumed=True)
+    sent = chain(range(20))
+    writes, missing, _ = feed(state, [replayed(r) for r in sent[:6]], t=1.0)
+    assert offs(writes) == list(range(6)) and not missing
+    feed(state, [live(r) for r in sent[12:]], t=1.0)
+    assert state.expire(2.5).missing == [Missing(6, 11, "receiver-down")]
+    # and on a first start (not resumed) the same gap is the link's
+    first = PartitionState(1.0)
+    feed(first, sent[:6] + sent[12:], t=1.0)
+    assert first.expire(2.5).missing == [Missing(6, 11, "gap")]
+
+
 def test_what_the_destination_holds_is_neither_written_again_nor_reported():
     """Recovered from provenance headers (no checkpoint): up to 10 written, 11..12 reported
     missing before the restart."""
