@@ -1,12 +1,13 @@
 """kafka_reader: reads the source topics with manual assignment and commits what was sent.
 
 Each reader owns a fixed share of the source partitions (diode.kafka.clients.TopicSelector) and
-looks for new topics and partitions every refresh.topics.interval.seconds. What one consume call
-returns goes to a packer as one message: a run per partition (diode.link.runs, encoded here once,
-as it will cross the link) as ZeroMQ frames after a small header; udp_senders (and packers, for
-dead-lettered records)
-acknowledge them back, and the longest fully acknowledged prefix of each partition is committed
-to the source cluster's consumer group (diode.kafka.offsets.SentTracker).
+looks for new topics and partitions every refresh.topics.interval.seconds, from a thread
+(diode.kafka.refresh): a slow source cluster never holds up the loop or its heartbeats. What one
+consume call returns goes to a packer as one message: a run per partition (diode.link.runs,
+encoded here once, as it will cross the link) as ZeroMQ frames after a small header;
+udp_senders (and packers, for dead-lettered records) acknowledge them back, and the longest
+fully acknowledged prefix of each partition is committed to the source cluster's consumer group
+(diode.kafka.offsets.SentTracker).
 
 If acknowledgements stop coming (a packer or the udp_sender died: SIGUSR1 from the supervisor,
 or inflight.timeout.seconds passed), the reader rewinds to its committed positions and reads
@@ -24,12 +25,14 @@ from confluent_kafka import (OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError,
 
 from diode.link import runs
 from diode.runtime import transport
-from diode.kafka.clients import TopicSelector, consumer_config, partition_counts
+from diode.kafka.clients import TopicSelector, consumer_config
+from diode.kafka.refresh import PartitionWatcher
 from diode.kafka.offsets import SentTracker
 from diode.link.records import RESEND, partition_owner
 from diode.runtime.worker import Stage as BaseStage
 
 BATCH_RECORDS = 1000
+REFRESH_TAKE_SECONDS = 0.1  # how often the loop takes what the partition watcher found
 RESEND_SEEK_GAP = 10000  # offsets between two resend ranges worth a seek rather than a read
 
 
@@ -62,6 +65,10 @@ class Stage(BaseStage):
         self.epoch = int.from_bytes(os.urandom(3), "big") << 32
         self.seq = 0
         self.next_refresh = 0.0
+        # topics and partitions looked for off this loop (diode.kafka.refresh)
+        self.watcher = None if self.resend is not None else PartitionWatcher(
+            consumer_config(self.t), self.selector.owned,
+            s.refresh_topics_interval_seconds).start()
         self.next_commit = time.monotonic() + s.offset_commit_interval_ms / 1000
         self.waiting_since = None         # when acknowledgements were last outstanding and new
         self.stop_deadline = None
@@ -69,27 +76,28 @@ class Stage(BaseStage):
     # -- partitions --------------------------------------------------------------------------
 
     def _refresh(self):
+        """Start reading the partitions the watcher found (it asks the cluster off this loop,
+        every refresh.topics.interval.seconds)."""
         if self.resend is not None:
             return self._assign_resend()
-        try:
-            self.counts = partition_counts(self.consumer)
-            new = sorted(self.selector.owned(self.counts) - self.assigned.keys())
-            if not new:
-                return
-            committed = self.consumer.committed([TopicPartition(t, p) for t, p in new],
-                                                timeout=10)
-        except Exception as exc:
-            self.log.warning("cannot read the source cluster's topics or committed offsets "
-                             "(%s); retrying in %.0f s", exc,
-                             self.t.sender.refresh_topics_interval_seconds)
-            self.metrics.inc("errors", reason="metadata")
-            return
         start = OFFSET_BEGINNING if self.t.sender.start_position == "earliest" else OFFSET_END
         tps = []
-        for tp in committed:
-            offset = tp.offset if tp.offset >= 0 else start
-            self.assigned[(tp.topic, tp.partition)] = offset
-            tps.append(TopicPartition(tp.topic, tp.partition, offset))
+        for found in self.watcher.take():
+            if found.error is not None:
+                self.log.warning("cannot read the source cluster's topics or committed offsets "
+                                 "(%s); retrying in %.0f s", found.error,
+                                 self.t.sender.refresh_topics_interval_seconds)
+                self.metrics.inc("errors", reason="metadata")
+                continue
+            self.counts = found.counts
+            for tp in found.new:
+                if (tp.topic, tp.partition) in self.assigned:
+                    continue
+                offset = tp.offset if tp.offset >= 0 else start
+                self.assigned[(tp.topic, tp.partition)] = offset
+                tps.append(TopicPartition(tp.topic, tp.partition, offset))
+        if not tps:
+            return
         self.consumer.incremental_assign(tps)
         self.log.info("reading %d new partition(s): %s", len(tps),
                       ", ".join(f"{t.topic}[{t.partition}]@{_where(t.offset)}" for t in tps))
@@ -160,7 +168,7 @@ class Stage(BaseStage):
             return self._drain_step(now)
         if now >= self.next_refresh:
             self._refresh()
-            self.next_refresh = now + self.t.sender.refresh_topics_interval_seconds
+            self.next_refresh = now + REFRESH_TAKE_SECONDS
         if self.out.flush() and self.tracker.inflight < self.t.sender.max_inflight_records \
                 and self.assigned:
             self._read()
@@ -324,6 +332,8 @@ class Stage(BaseStage):
         return False
 
     def close(self):
+        if self.watcher is not None:
+            self.watcher.close()
         self.consumer.close()
 
 

@@ -30,6 +30,7 @@ from diode.errors import DiodeError
 from diode.runtime.topology import PIPELINES, SIDES
 
 WARMUP_SECONDS = 4.0
+FIRST_RECORD_SECONDS = 60.0  # the most a window waits for its first record to be written
 MEASURE_SECONDS = 10.0
 PARTITIONS = 8
 SAMPLE_RECORDS = 2000
@@ -198,12 +199,12 @@ class Bench:
         try:
             self._brokers()
         except BaseException:
-            self.close()
+            self.close(keep_logs=True)  # (a broker that did not start: its log says why)
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, kind, *_) -> None:
+        self.close(keep_logs=kind is not None)
 
     def _brokers(self) -> None:
         from diode.kafka import brokers as embedded
@@ -225,7 +226,9 @@ class Bench:
         if configured:
             self.where += " (the topology's clusters did not answer)"
 
-    def close(self) -> None:
+    def close(self, keep_logs: bool = False) -> None:
+        """Stop what the bench started and remove its files; after a failure its logs stay
+        (errors name the directory)."""
         if self.topics and not self.started:  # the topology's clusters: leave nothing there
             _delete_topics(self.src, self.topics)
             prefix = self.t.receiver.topic_prefix
@@ -235,7 +238,11 @@ class Bench:
         for b in self.started:
             b.stop()
         self.started = []
-        shutil.rmtree(self.work, ignore_errors=True)
+        if not keep_logs:
+            shutil.rmtree(self.work, ignore_errors=True)
+            return
+        for journal in self.work.glob("journal-*"):
+            shutil.rmtree(journal, ignore_errors=True)
 
     def topology(self, stages: dict, datagram_bytes: int | None = None,
                  link_mbps: float | None = None) -> tuple[Path, str, int]:
@@ -315,6 +322,11 @@ class Bench:
                                ("records", "missing_records"))
             sent = Counters([self.work / f"run-{n}-sender"], "udp_sender",
                             ("datagrams", "bytes"))
+            # The warm-up counts from the first record written: on a busy machine a pipeline
+            # (its consumer's assignment, the destination topic) takes longer to start.
+            deadline = time.monotonic() + FIRST_RECORD_SECONDS
+            while written.sample()["records"] <= 0 and time.monotonic() < deadline:
+                time.sleep(0.5)
             time.sleep(warmup)
             before = (_worker_cpu(launches), dict(written.sample()), dict(sent.sample()),
                       time.monotonic())

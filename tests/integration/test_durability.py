@@ -239,6 +239,26 @@ def test_destination_down_for_a_minute_loses_nothing_and_restarts_nothing(tmp_pa
     assert sender.stop() == 0 and receiver.stop() == 0
 
 
+def test_a_source_cluster_that_stops_answering_does_not_silence_the_sender(tmp_path, brokers,
+                                                                          launch):
+    """The source cluster frozen (SIGSTOP: every request waits) for 8 s while the sender looks
+    for new partitions every second: its heartbeats go on, so the receiver never takes it for a
+    dead link, and every record crosses once the cluster answers again."""
+    total = 4000
+    _, sender, receiver, stream = streaming(tmp_path, brokers, launch, total, 2000)
+    stream.join()
+    time.sleep(1)
+    brokers[0].pause()
+    try:
+        time.sleep(8)
+    finally:
+        brokers[0].resume()
+    a, out = settled(stream, brokers[1], total, receiver)
+    assert not a.missing, a.summary(total)
+    assert "no heartbeat from the sender" not in out, out[-3000:]
+    assert sender.stop() == 0 and receiver.stop() == 0
+
+
 def test_records_the_destination_refuses_go_to_the_dead_letter_topic_and_others_flow(
         tmp_path, start_brokers, launch):
     """Apache Kafka only (Tansu enforces no topic limits). A destination topic whose records
