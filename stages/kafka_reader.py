@@ -85,8 +85,7 @@ class Stage(BaseStage):
         for found in self.watcher.take():
             if found.error is not None:
                 self.log.warning("cannot read the source cluster's topics or committed offsets "
-                                 "(%s); retrying in %.0f s", found.error,
-                                 self.t.sender.refresh_topics_interval_seconds)
+                                 "(%s); retrying", found.error)
                 self.metrics.inc("errors", reason="metadata")
                 continue
             self.counts = found.counts

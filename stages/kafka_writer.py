@@ -69,7 +69,8 @@ EXPIRE_SECONDS = 0.02       # waiting runs and claims are looked at this often
 ASK_AGAIN_SECONDS = 1.0      # a replay asked for and not begun yet is asked again
 FLUSH_SECONDS = 2.0          # a checkpoint waits this long at most for acknowledgements
 RECOVER_AGAIN_SECONDS = 5.0  # the destination could not be read: try again after this
-TOPIC_GIVE_UP_SECONDS = 60.0  # a destination topic not creatable this long: dead letters
+TOPIC_GIVE_UP_SECONDS = 60.0  # a destination topic the cluster answers for and will not
+#                               create or describe this long: dead letters
 MAX_LATENCY_MARKS = 4096     # runs produced and not yet acknowledged whose latency is still due
 # Errors after which a topic or a record will never be written, whatever the wait.
 REFUSED_FOR_GOOD = {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.MSG_SIZE_TOO_LARGE,
@@ -78,6 +79,12 @@ REFUSED_FOR_GOOD = {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.MSG_SIZE_T
                     KafkaError.INVALID_MSG_SIZE, KafkaError.CLUSTER_AUTHORIZATION_FAILED,
                     KafkaError.INVALID_CONFIG, KafkaError.INVALID_PARTITIONS,
                     KafkaError.INVALID_REPLICATION_FACTOR}
+# Errors that say the cluster (not the topic) cannot be reached now: its records wait, without
+# limit, as for any outage (the journal holds what arrives meanwhile).
+CLUSTER_UNAVAILABLE = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+                       KafkaError._RESOLVE, KafkaError.REQUEST_TIMED_OUT,
+                       KafkaError.NOT_CONTROLLER, KafkaError.BROKER_NOT_AVAILABLE,
+                       KafkaError.LEADER_NOT_AVAILABLE}
 
 
 class Stage(BaseStage):
@@ -688,12 +695,13 @@ class Stage(BaseStage):
             self.dest_partitions.update(partition_counts(self.producer))
         except KafkaException as exc:
             error = exc.args[0]
-            for_good = error.code() in REFUSED_FOR_GOOD
+            for_good = error.code() in REFUSED_FOR_GOOD  # (for the warning)
             if topic not in self.topic_trouble:
                 self.log.warning("cannot read or create destination topic %s: %s; %s", topic,
                                  error.str(), "its records go to the dead-letter topic"
                                  if for_good else "retrying, other topics go on")
-                self.topic_trouble[topic] = (now, error.str(), for_good)
+            self.topic_trouble[topic] = topic_trouble(self.topic_trouble.get(topic), now,
+                                                      error)
             self.metrics.inc("errors", reason="metadata")
         if topic in self.dest_partitions:
             self.topic_trouble.pop(topic, None)
@@ -715,6 +723,17 @@ class Stage(BaseStage):
         self.producer.flush(1)
         if self.events is not None:
             self.events.flush(1)
+
+
+def topic_trouble(before, now: float, error) -> tuple:
+    """A destination topic's trouble after `error`, given the trouble before (None): (since,
+    error text, for good). A topic is given up (dead letters) once it was refused for good, or
+    TOPIC_GIVE_UP_SECONDS after `since`; an unreachable cluster says nothing of the topic, so
+    the clock starts again from each such error: an outage is waited out, however long."""
+    code = error.code()
+    if before is not None and code not in CLUSTER_UNAVAILABLE and code not in REFUSED_FOR_GOOD:
+        return before
+    return (now, error.str(), code in REFUSED_FOR_GOOD)
 
 
 def _headers(run: Run, i: int, own) -> list:

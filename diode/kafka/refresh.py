@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from diode.kafka.clients import partition_counts
 
 COMMITTED_TIMEOUT = 10.0
+RETRY_SECONDS = 1.0
 
 
 class Found(NamedTuple):
@@ -58,8 +59,11 @@ class PartitionWatcher:
         client = Consumer(self.config)
         try:
             while not self._stop.is_set():
-                self._hand(self._look(client))
-                self._stop.wait(self.interval)
+                found = self._look(client)
+                self._hand(found)
+                # (a failure, often a coordinator still loading at start, is retried soon)
+                self._stop.wait(self.interval if found.error is None else
+                                min(self.interval, RETRY_SECONDS))
         finally:
             client.close()
 
