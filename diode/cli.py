@@ -35,8 +35,17 @@ def kafka_problems(t, sides=topo.SIDES) -> list[str]:
 
 
 def cmd_check(args) -> int:
+    from diode.runtime import statedir
     t = topo.load(args.file)
     problems = kafka_problems(t, topo.SIDES if args.side == "both" else (args.side,))
+    r = t.receiver
+    state_dir = t.resolve(r.journal_dir)
+    if args.side != "sender" and r.journal_enabled:
+        found = statedir.read_identity_quietly(state_dir)
+        if found is not None and found != statedir.identity_of(t):
+            problems.append(f"receiver.journal.dir: {state_dir} holds the state of topology "
+                            f"{found['topology']!r} ({found['link']}): a launch refuses it "
+                            "(point it elsewhere, or launch with --reset-state)")
     if problems:
         raise TopologyError(t.path, problems)
     run_dir = t.supervisor.run_dir or "<run dir>"
@@ -45,11 +54,15 @@ def cmd_check(args) -> int:
           f"datagrams up to {t.link.datagram_size_bytes} bytes, "
           f"{t.link.rate_mbps:g} Mbit/s{' (unpaced)' if not t.link.rate_mbps else ''}")
     print(f"security: {t.security.cipher}, compression: {t.compression}")
-    r = t.receiver
-    print(f"receive journal: {t.resolve(r.journal_dir)} (up to {r.journal_max_bytes} bytes, "
+    print(f"receive journal: {state_dir} (up to {r.journal_max_bytes} bytes, "
           f"fsync {r.journal_fsync}, checkpoints every {r.checkpoint_interval_ms:g} ms)"
           if r.journal_enabled else "receive journal: off (a receiver restart loses what is in "
           "flight, reported missing)")
+    if args.side != "sender" and r.journal_enabled:
+        held = statedir.held_state(state_dir)
+        print(f"receiver state: {len(held)} source partition(s) in the checkpoints" +
+              "".join(f"\n  {line}" for line in held) if held else
+              "receiver state: none (a first start)")
     for b in t.brokers:
         print(f"embedded {b.kind} broker {b.name or b.listen}: {b.listen} ({b.side} side)")
     print(f"{'process':<28} {'cpus':<10} endpoints")
@@ -73,30 +86,84 @@ def cmd_launch(args) -> int:
     if args.broker_kind:
         t = dataclasses.replace(t, brokers=[dataclasses.replace(b, kind=args.broker_kind)
                                             for b in t.brokers])
+    if args.reset_state:
+        if args.side == "sender":
+            raise DiodeError("--reset-state discards the receiver's state: launch the "
+                             "receiver side with it")
+        t = dataclasses.replace(t, receiver=dataclasses.replace(t.receiver, reset_state=True))
     sides = topo.SIDES if args.side == "both" else (args.side,)
     return Supervisor(t, sides, args.run_dir).run()
 
 
 def cmd_resend(args) -> int:
-    """Send exactly the manifest's ranges again through the sender pipeline, then exit."""
+    """Send exactly the manifest's ranges again through the sender pipeline, then exit. Offsets
+    mean something only within one incarnation of a topic (diode.kafka.identity): an entry
+    whose topicId names another than the source's current one is refused (its offsets hold
+    other records now, or none); one without (a manifest of a diode older than topic ids) is
+    sent unchecked. Exit 1 when any entry was refused."""
     import json
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+    from diode.kafka import identity
+    from diode.kafka.clients import admin_config, consumer_config
+    from diode.kafka.refresh import topic_ids
     from diode.runtime.supervisor import Supervisor
+    log = logging.getLogger("diode")
     t = topo.load(args.topology)
     try:
         manifest = json.loads(open(args.manifest).read())
-        ranges = {}
+        entries = []  # (topic, partition, incarnation or None, ranges)
         for entry in manifest["missing"]:
-            key = (str(entry["topic"]), int(entry["partition"]))
-            ranges.setdefault(key, []).extend([int(a), int(b)] for a, b in entry["ranges"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+            said = entry.get("topicId")
+            inc = None if said is None else identity.parse(str(said))
+            if said is not None and inc is None:
+                raise ValueError(f"topicId {said!r} is not a topic id")
+            # (all zero: records whose incarnation the sender could not name, unchecked)
+            entries.append((str(entry["topic"]), int(entry["partition"]),
+                            None if inc == identity.NO_INCARNATION else inc,
+                            [[int(a), int(b)] for a, b in entry["ranges"]]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DiodeError(f"{args.manifest} is not a resend manifest: {exc}") from None
+    named = sorted({topic for topic, _, said, _ in entries if said is not None})
+    try:
+        current = topic_ids(AdminClient(admin_config(consumer_config(t))), named) \
+            if named else {}
+    except KafkaException as exc:
+        raise DiodeError(f"cannot read the source topics' ids, to check that the manifest's "
+                         f"ranges are of their current incarnation: {exc}") from None
+    ranges, refused, unchecked = {}, {}, set()
+    for topic, partition, said, spans in entries:
+        now = current.get(topic)
+        if said is None or now == identity.NO_INCARNATION:
+            unchecked.add(topic)  # (a broker without topic ids cannot tell either)
+        elif said != now:
+            refused.setdefault((topic, said, now), []).append(partition)
+            continue
+        ranges.setdefault((topic, partition), []).extend(spans)
+    if unchecked:
+        log.warning("resending ranges of %s unchecked: no topic id to tell whether they are of "
+                    "the topic's current incarnation (a manifest of a diode older than topic "
+                    "ids, or a source broker without them)", ", ".join(sorted(unchecked)))
+    problems = []
+    for (topic, said, now), parts in sorted(refused.items(), key=lambda kv: kv[0][:2]):
+        where = (f"{topic} partition(s) {', '.join(map(str, sorted(parts)))}: the manifest "
+                 f"names topic id {identity.text(said)}")
+        problems.append(f"{where}, the source cluster's {topic} is topic id "
+                        f"{identity.text(now)}: another incarnation, whose offsets hold other "
+                        "records; not resent" if now is not None else
+                        f"{where}, and the source cluster has no topic {topic} now; not resent")
+    if problems and not ranges:
+        raise DiodeError("nothing resent:\n  " + "\n  ".join(problems))
+    for problem in problems:
+        log.error("%s", problem)
     if not ranges:
         print("nothing to resend", file=sys.stderr)
         return 0
     # its own processes and run directory beside a running sender; its brokers already run
     t = dataclasses.replace(t, sender=dataclasses.replace(t.sender, resend=ranges), brokers=[],
                             supervisor=dataclasses.replace(t.supervisor, run_dir=""))
-    return Supervisor(t, ("sender",), args.run_dir).run()
+    code = Supervisor(t, ("sender",), args.run_dir).run()
+    return code or (1 if problems else 0)
 
 
 def cmd_docs(args) -> int:
@@ -178,11 +245,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="directory for ipc endpoints and metrics")
     p.add_argument("--broker-kind", choices=("kafka", "tansu"),
                    help="start the file's embedded brokers as this kind (brokers[].kind)")
+    p.add_argument("--reset-state", action="store_true",
+                   help="discard the receiver's journal and checkpoints in receiver.journal.dir "
+                   "first (logging what they held): for a directory of another topology, or a "
+                   "flow started anew")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("resend", help="on the high side: send a resend manifest's missing "
-                       "ranges again (from diode verify or the missing-records topic)")
-    p.add_argument("manifest")
+                       "ranges again (from diode verify or the missing-records topic); those of "
+                       "another incarnation than the source topic's current one are refused")
+    p.add_argument("manifest", help="JSON: {\"missing\": [{\"topic\", \"partition\", "
+                   "\"topicId\", \"ranges\"}, …]} (docs/verification.md)")
     p.add_argument("--topology", required=True)
     p.add_argument("--run-dir", help="directory for ipc endpoints and metrics")
     p.set_defaults(func=cmd_resend)

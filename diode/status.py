@@ -5,8 +5,9 @@ worker's state, pid, CPUs and restarts, and the workers' metrics (textfiles, or 
 Prometheus endpoint when the textfiles are off), read twice a moment apart, give their rates.
 Per launch: the workers (state, pid, pinned CPUs and the CPU each last ran on, restarts,
 records/s, CPU %), the link (age of the sender's last heartbeat, sender sessions, datagrams the
-socket dropped and the receiver rejected), the destination (backlog, journal) and the missing
-ranges reported in the last hour. Exit 1 when nothing runs.
+socket dropped and the receiver rejected), the destination (backlog, journal), the missing
+ranges reported in the last hour, and per source partition the incarnations (topic ids) the
+receiver holds state for, as of its writers' last checkpoints. Exit 1 when nothing runs.
 """
 
 import json
@@ -16,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from diode.errors import DiodeError
-from diode.runtime import launches
+from diode.runtime import launches, statedir
 from diode.runtime.metrics import read_counter
 
 RATE_OF = {"kafka_reader": "records", "packer": "datagrams", "udp_sender": "datagrams",
@@ -65,8 +66,9 @@ def snapshot(entry: dict, topology=None) -> dict:
             **{m: _per_worker(texts, m) for m in ("records", "datagrams", "cpu_seconds")}}
 
 
-def launch_status(entry: dict, before: dict, after: dict) -> dict:
-    """What `diode status` shows of one launch, from two snapshots."""
+def launch_status(entry: dict, before: dict, after: dict, topology=None) -> dict:
+    """What `diode status` shows of one launch, from two snapshots (and its topology's
+    checkpoints)."""
     import psutil
     dt = max(1e-6, after["t"] - before["t"])
     status = launches.read_status(entry["run_dir"]) or {}
@@ -112,6 +114,8 @@ def launch_status(entry: dict, before: dict, after: dict) -> dict:
         "missing_last_hour": {"ranges": int(total("missing_ranges_last_hour")),
                               "records": int(total("missing_records_last_hour"))}
         if receiver else None,
+        "source_state": statedir.held(topology.resolve(topology.receiver.journal_dir))
+        if receiver and topology is not None and topology.receiver.journal_enabled else None,
         "sender": {"inflight_records": int(total("inflight_records")),
                    "dead_letter_records": int(total("dead_letter_records"))}
         if "sender" in entry["sides"] else None,
@@ -149,6 +153,11 @@ def render(s: dict) -> str:
                      f"({d['journal_unforwarded_bytes'] / 2 ** 20:.1f} MiB not yet forwarded)")
         m = s["missing_last_hour"]
         lines.append(f"  missing in the last hour: {m['ranges']} ranges, {m['records']} records")
+    if s.get("source_state") is not None:
+        held = s["source_state"]
+        lines.append(f"  state held for {len(held)} source partition(s), as of the last "
+                     "checkpoints:" if held else "  state held: none checkpointed yet")
+        lines += [f"    {line}" for line in statedir.held_lines(held)]
     if s["sender"] is not None:
         lines.append(f"  sender: {s['sender']['inflight_records']} records sent, not yet "
                      f"committed; {s['sender']['dead_letter_records']} to the dead-letter topic")
@@ -173,8 +182,8 @@ def main(args) -> int:
             topologies[e["pid"]] = None
     before = {e["pid"]: snapshot(e, topologies[e["pid"]]) for e in found}
     time.sleep(args.seconds)
-    out = [launch_status(e, before[e["pid"]], snapshot(e, topologies[e["pid"]]))
-           for e in found]
+    out = [launch_status(e, before[e["pid"]], snapshot(e, topologies[e["pid"]]),
+                         topologies[e["pid"]]) for e in found]
     if args.json:
         print(json.dumps(out, indent=1))
     else:

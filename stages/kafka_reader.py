@@ -12,6 +12,15 @@ fully acknowledged prefix of each partition is committed to the source cluster's
 If acknowledgements stop coming (a packer or the udp_sender died: SIGUSR1 from the supervisor,
 or inflight.timeout.seconds passed), the reader rewinds to its committed positions and reads
 again: at least once.
+
+Every run names the incarnation of its source partition (diode.kafka.identity: the topic id,
+which the watcher checks every identity.check.interval.ms), and so do the commits (their
+metadata). A topic whose id changes was deleted and recreated, or its cluster rebuilt: the
+reader stops reading the old incarnation, tells the receiver in every heartbeat for a day where
+the old one's chains stood and where its source ended (a retired claim, so the receiver reports
+what never crossed as "source-reset"), and reads the new one from its first record. A partition
+whose position the source no longer holds (retention deleted records before they were read, or
+the log was truncated) is looked at the same way, then read from its start in a new chain.
 """
 
 import os
@@ -20,13 +29,15 @@ from collections import deque
 from itertools import groupby
 from operator import itemgetter
 
-from confluent_kafka import (OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Message,
-                             TopicPartition)
+from confluent_kafka import (OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException,
+                             Message, TopicPartition)
+from confluent_kafka.admin import AdminClient
 
 from diode.link import runs
 from diode.runtime import transport
-from diode.kafka.clients import TopicSelector, consumer_config
-from diode.kafka.refresh import PartitionWatcher
+from diode.kafka import identity, lineage
+from diode.kafka.clients import TopicSelector, admin_config, consumer_config
+from diode.kafka.refresh import PartitionWatcher, topic_ids
 from diode.kafka.offsets import SentTracker
 from diode.link.records import RESEND, partition_owner
 from diode.runtime.worker import Stage as BaseStage
@@ -62,13 +73,21 @@ class Stage(BaseStage):
             self.resend = {tp: deque(sorted(ranges)) for tp, ranges in s.resend.items()
                            if self.selector.index == partition_owner(*tp, self.selector.readers)}
         self.counts: dict = {}            # topic -> partition count
+        # The incarnations of the sources read (diode.kafka.lineage), and what a reader before
+        # this restart knew of them.
+        self.lineage = lineage.Lineage()
+        self.memory = lineage.memory_path(self.ctx.run_dir, self.selector.index)
+        remembered = self._remember() if self.resend is None else {}
+        self.out_of_range: set = set()    # (topic, partition) whose position the source lost
         self.epoch = int.from_bytes(os.urandom(3), "big") << 32
         self.seq = 0
         self.next_refresh = 0.0
-        # topics and partitions looked for off this loop (diode.kafka.refresh)
+        # topics, partitions and identities looked for off this loop (diode.kafka.refresh)
         self.watcher = None if self.resend is not None else PartitionWatcher(
-            consumer_config(self.t), self.selector.owned,
-            s.refresh_topics_interval_seconds).start()
+            consumer_config(self.t), self.selector.owned, s.refresh_topics_interval_seconds,
+            s.identity_check_interval_ms / 1000, remembered).start()
+        if self.resend is not None:
+            self._resend_identities()
         self.next_commit = time.monotonic() + s.offset_commit_interval_ms / 1000
         self.waiting_since = None         # when acknowledgements were last outstanding and new
         self.stop_deadline = None
@@ -88,19 +107,174 @@ class Stage(BaseStage):
                                  "(%s); retrying", found.error)
                 self.metrics.inc("errors", reason="metadata")
                 continue
-            self.counts = found.counts
+            if found.counts:
+                self.counts = found.counts
+            self.lineage.cluster = found.cluster
+            for topic in found.gone:
+                self._gone(topic)
+            for topic, (old, new) in found.resets.items():
+                self._recreated(topic, old, new)
+            self.lineage.confirmed(found.incarnations, found.ends, found.started)
+            if self.lineage.wants_fetched():
+                self.lineage.fetched_now(self._fetched_ends())
+            for topic, partition, offset in found.stale:
+                self.log.warning("%s[%d]: the offset committed (%d) is not known to be this "
+                                 "incarnation's (another's, or committed by name while the "
+                                 "topic was recreated): not used", topic, partition, offset)
+            self._renew_out_of_range(found)
+            for t in {tp[0] for tp, end in found.ends.items() if tp[0] in found.unnamed and
+                      end < self.last_read.get(tp, -1) + 1}:
+                self.watcher.renew(t)  # (no topic id: its offsets went back, so recreated)
+            anew = []
             for tp in found.new:
                 if (tp.topic, tp.partition) in self.assigned:
                     continue
-                offset = tp.offset if tp.offset >= 0 else start
+                # a recreated topic is read whole; one seen for the first time from
+                # sender.start.position
+                first = OFFSET_BEGINNING if tp.topic in self.lineage.recreated else start
+                offset = tp.offset if tp.offset >= 0 else first
                 self.assigned[(tp.topic, tp.partition)] = offset
                 tps.append(TopicPartition(tp.topic, tp.partition, offset))
+                if tp.topic in found.resets and tp.offset < 0:
+                    anew.append(TopicPartition(tp.topic, tp.partition, 0, metadata=(
+                        identity.metadata(found.incarnations[tp.topic]))))
+            self._commit_start(anew)
         if not tps:
             return
         self.consumer.incremental_assign(tps)
         self.log.info("reading %d new partition(s): %s", len(tps),
                       ", ".join(f"{t.topic}[{t.partition}]@{_where(t.offset)}" for t in tps))
         self.metrics.set("partitions", len(self.assigned))
+
+    # -- the source's identity ---------------------------------------------------------------
+
+    def _recreated(self, topic: str, old: bytes, new: bytes) -> None:
+        """`topic` is another incarnation now (recreated, or its cluster rebuilt): stop reading
+        the old one, tell of it in the heartbeats (a retired claim per partition), read the new
+        one whole."""
+        self._stop_reading(topic)
+        claims = self.lineage.recreate(topic, old)
+        self.metrics.inc("source_resets")
+        self.log.warning("source topic %s is a new incarnation (topic id %s, was %s): it was "
+                         "deleted and recreated, or its cluster rebuilt; reading it from its "
+                         "first record. The receiver reports what never crossed of the old one "
+                         "(%d partition(s)) as source-reset", topic, identity.text(new),
+                         identity.text(old), claims)
+
+    def _gone(self, topic: str) -> None:
+        """`topic` is no longer in the cluster: stop reading it (it may come back, as the same
+        incarnation or another). Where its chains stood is kept for a retired claim."""
+        self._stop_reading(topic)
+        self.log.warning("source topic %s is gone from the source cluster: not reading it "
+                         "until it comes back", topic)
+
+    def _stop_reading(self, topic: str) -> None:
+        """Stop reading every partition of `topic`; where each stood is the lineage's."""
+        tps = [tp for tp in self.assigned if tp[0] == topic]
+        if tps:
+            try:
+                self.consumer.incremental_unassign([TopicPartition(*tp) for tp in tps])
+            except KafkaException as exc:
+                self.log.warning("could not stop reading %s: %s", topic, exc)
+        positions = self.tracker.positions()
+        for tp in tps:
+            sent = self._sent(tp, positions)
+            self.lineage.depart(tp, self.chain_start.pop(tp, None), self.last_read.pop(tp, None),
+                                sent, self.assigned.pop(tp), self.tracker.forget(tp))
+            self.out_of_range.discard(tp)
+        self.metrics.set("partitions", len(self.assigned))
+
+    def _renew_out_of_range(self, found) -> None:
+        """Partitions whose position the source no longer held, now that the watcher has
+        looked: a topic found recreated was handled as such; any other is read again from its
+        start, in a new chain (the receiver reports what that skipped)."""
+        for tp in sorted(self.out_of_range):
+            if tp not in self.assigned or tp[0] in found.resets:
+                self.out_of_range.discard(tp)
+                continue
+            if tp[0] in found.unnamed and \
+                    found.ends.get(tp, 1 << 62) < self.last_read.get(tp, -1) + 1:
+                continue  # (no topic id, offsets went back: recreated, renewed below)
+            self.out_of_range.discard(tp)
+            self.log.warning("%s[%d]: the source no longer holds offset %s (retention deleted "
+                             "records before they were read, or the log was truncated): reading "
+                             "the partition from its start", tp[0], tp[1],
+                             self.last_read.get(tp, -1) + 1)
+            self.tracker.forget(tp)
+            self.chain_start.pop(tp, None)
+            self.last_read.pop(tp, None)
+            self.assigned[tp] = OFFSET_BEGINNING
+            try:
+                self.consumer.incremental_unassign([TopicPartition(*tp)])
+                self.consumer.incremental_assign([TopicPartition(*tp, OFFSET_BEGINNING)])
+            except KafkaException as exc:
+                self.log.warning("could not read %s[%d] again: %s", tp[0], tp[1], exc)
+
+    def _fetched_ends(self) -> dict:
+        """Each partition's end as this reader's own fetches saw it (no request is made)."""
+        highs = {}
+        for tp in self.assigned:
+            try:
+                high = self.consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)[1]
+            except KafkaException:
+                continue  # (nothing fetched yet)
+            if high >= 0:
+                highs[tp] = high
+        return highs
+
+    def _commit_start(self, tps: list) -> None:
+        """Commit the start of a recreated topic's partitions at once: what the group held for
+        them may be the old incarnation's positions (committed by name while it was being
+        recreated), which a restart on a broker that keeps no commit metadata would take."""
+        if not tps:
+            return
+        try:
+            self.consumer.commit(offsets=tps, asynchronous=True)
+        except KafkaException as exc:
+            self.log.warning("could not commit the start of %s: %s", tps[0].topic, exc)
+
+    def _sent(self, tp, positions: dict) -> int:
+        """The last offset of `tp` handed to the kernel (before its chain's start: nothing)."""
+        if tp in positions:
+            return positions[tp] - 1
+        start = self.chain_start.get(tp)
+        return start - 1 if start is not None else -1
+
+    def _remember(self) -> dict:
+        """What this reader knew before it was restarted (diode.kafka.lineage); returns the
+        incarnations it read, for the watcher to compare with the source's."""
+        saved = lineage.load(self.memory, self.t.name, self.selector.readers)
+        if saved is None:
+            return {}
+        self.lineage.restore(saved)
+        self.log.info("what this reader knew before its restart: %d topic(s), %d partition(s), "
+                      "%d retired claim(s)", len(saved["topics"]), len(saved["partitions"]),
+                      len(saved["retired"]))
+        return saved["topics"]
+
+    def _memorize(self) -> None:
+        """Record what a restart of this reader needs to know (diode.kafka.lineage)."""
+        positions = self.tracker.positions()
+        reading = [[t, p, self.chain_start.get((t, p)), self.last_read.get((t, p)),
+                    self._sent((t, p), positions), at] for (t, p), at in self.assigned.items()]
+        try:
+            lineage.save(self.memory, self.t.name, self.selector.readers,
+                         self.lineage.memory(reading))
+        except OSError as exc:
+            self.log.warning("cannot record what a restart needs to know in %s: %s",
+                             self.memory, exc)
+
+    def _resend_identities(self) -> None:
+        """`diode resend`: the incarnation of each topic of the manifest, asked once."""
+        topics = sorted({t for t, _ in self.resend})
+        try:
+            ids = topic_ids(AdminClient(admin_config(consumer_config(self.t))), topics)
+        except KafkaException as exc:
+            self.log.error("cannot read the source topics' ids (%s): resent records carry no "
+                           "incarnation", exc)
+            return
+        self.lineage.incarnations = {t: inc for t, inc in ids.items()
+                                     if inc != identity.NO_INCARNATION}
 
     def _assign_resend(self):
         """Assign each partition of the manifest at the start of its first range (once)."""
@@ -145,6 +319,7 @@ class Stage(BaseStage):
         positions = self.tracker.positions()
         lost = self.tracker.inflight
         self.tracker.reset()
+        self.lineage.lost_inflight()
         self.chain_start.clear()
         self.last_read.clear()
         self.epoch += 1 << 32  # acknowledgements of earlier messages are ignored from now
@@ -205,7 +380,8 @@ class Stage(BaseStage):
             tp = (topic, partition)
             count = max(self.counts.get(topic, 0), partition + 1)
             prev = RESEND if resend else self.last_read.get(tp, -1)
-            frames.append(runs.from_messages(topic, partition, count, prev, group))
+            frames.append(runs.from_messages(topic, partition, count, prev, group,
+                                             self.lineage.incarnation(topic)))
             first, last = group[0].offset(), group[-1].offset()
             if not resend:
                 self.last_read[tp] = last
@@ -226,12 +402,26 @@ class Stage(BaseStage):
         err = m.error()
         if err is None:
             return self.resend is None or self._resend_filter(m)
-        if err.code() == KafkaError._PARTITION_EOF:
+        if err.code() == KafkaError._AUTO_OFFSET_RESET and self.resend is not None:
+            tp = (m.topic(), m.partition())
+            self.log.error("%s[%d]: the source no longer holds the offsets to resend (%s); "
+                           "skipping the partition", tp[0], tp[1], err.str())
+            self._resend_done(tp)
+        elif err.code() == KafkaError._AUTO_OFFSET_RESET:
+            # The source no longer holds this partition's position (auto.offset.reset is
+            # "error"): recreated, or records deleted before they were read. The watcher looks
+            # now; the loop decides when it has (_renew_out_of_range).
+            tp = (m.topic(), m.partition())
+            if tp in self.assigned and tp not in self.out_of_range:
+                self.out_of_range.add(tp)
+                self.watcher.wake()
+        elif err.code() == KafkaError._PARTITION_EOF:
             tp = (m.topic(), m.partition())
             ranges = (self.resend or {}).get(tp)
-            # The log ends before the range we wait for: nothing more will come. (An end of
-            # partition seen by a fetch from before a seek is no reason to stop.)
-            if ranges and m.offset() <= ranges[0][0]:
+            # The log ends before the range we wait for, or after the last range (whose
+            # records came before this end): nothing more will come. (An end of partition seen
+            # by a fetch from before a seek is no reason to stop.)
+            if ranges and (m.offset() <= ranges[0][0] or m.offset() > ranges[-1][1]):
                 self._resend_done(tp)
         else:
             self.log.warning("source cluster: %s", err)
@@ -239,21 +429,27 @@ class Stage(BaseStage):
         return False
 
     def _heartbeat(self):
-        """Per partition of the current chains: where the chain started and the last offset
-        handed to the kernel (the committed prefix). The packer that takes it sends it after
-        whatever it holds."""
+        """Per partition of the current chains: its incarnation, where the chain started, the
+        last offset handed to the kernel (the committed prefix) and the last the source held
+        when last looked at; then the retired claims of incarnations gone this last day. The
+        packer that takes it sends it after whatever it holds."""
         positions = self.tracker.positions()
-        parts = [[t, p, start, positions[(t, p)] - 1]
+        ends = self.lineage.ends
+        parts = [[t, p, self.lineage.incarnation(t), start, positions[(t, p)] - 1,
+                  ends.get((t, p), 0) - 1, False]
                  for (t, p), start in self.chain_start.items()
                  if positions.get((t, p), start) - 1 >= start]
+        parts += self.lineage.claims(self.tracker.sent)
         beat = {"reader": self.ctx.spec.index, "time_ms": int(time.time() * 1000),
                 "interval_ms": self.t.sender.heartbeat_interval_ms, "partitions": parts,
+                "cluster": self.lineage.cluster,
                 "counters": {"records": self.metrics.get("records"),
                              "rewinds": self.metrics.get("rewinds"),
                              "inflight": self.tracker.inflight}}
         if not self.out.full:
             self.out.put([transport.dumps(("heartbeat", beat))])
             self.metrics.inc("heartbeats")
+        self._memorize()
 
     def _take_acks(self):
         progressed = False
@@ -279,7 +475,9 @@ class Stage(BaseStage):
         changed.update(self._consumed_past_last_record())
         if not changed:
             return
-        tps = [TopicPartition(t, p, offset) for (t, p), offset in changed.items()]
+        tps = [TopicPartition(t, p, offset, metadata=identity.metadata(
+            self.lineage.incarnation(t))) for (t, p), offset in changed.items()
+            if (t, p) in self.assigned]
         try:
             self.consumer.commit(offsets=tps, asynchronous=not sync)
             self.metrics.inc("commits")

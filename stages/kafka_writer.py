@@ -6,11 +6,15 @@ prefix + source topic (or receiver.topic.rename) on the same partition number wh
 destination topic has enough partitions. A destination topic that does not exist is created with
 the source topic's partition count.
 
-The writer owns its source partitions' order, duplicates and gaps (diode.accounting.ordering):
-records are held up to receiver.reorder.wait.ms to restore source order, duplicates are dropped,
-and missing ranges (from the chain of offsets and the sender's heartbeats) are logged, counted and
-written to receiver.missing.records.topic. Writer 0 also watches the sender's heartbeats: a silent
-link is reported, and each heartbeat can be recorded in receiver.heartbeat.topic.
+The writer owns its source partitions' order, duplicates and gaps (diode.accounting.ordering),
+per incarnation of each source partition (diode.kafka.identity: its topic id; records carry it in
+the header sourceTopicId): records are held up to receiver.reorder.wait.ms to restore source
+order, duplicates are dropped, and missing ranges (from the chain of offsets and the sender's
+heartbeats) are logged, counted and written to receiver.missing.records.topic. A newer
+incarnation (the source topic recreated, the source cluster rebuilt) starts afresh, and what the
+older one leaves open is reported as "source-reset". Writer 0 also watches the sender's
+heartbeats: a silent link is reported, and each heartbeat can be recorded in
+receiver.heartbeat.topic.
 
 Records arrive as runs (diode.link.runs) and are decoded here, column by column; the produce call
 per record is the only per-record object work. Delivery reports come for errors only
@@ -47,11 +51,11 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from diode.runtime import checkpoints, transport
-from diode.kafka import recovery
+from diode.kafka import identity, recovery
 from diode.errors import DiodeError, RejectedDatagram
 from diode.kafka.clients import (admin_config, client_settings, create_topic,
                                  partition_counts, produce_run, producer_config)
-from diode.accounting.ordering import PartitionState
+from diode.accounting.ordering import PartitionState, SourcePartition
 from diode.accounting.ranges import merge
 from diode.link.records import partition_owner
 from diode.link.runs import Run
@@ -121,10 +125,11 @@ class Stage(BaseStage):
         self.topic_trouble: dict = {}     # destination topic -> (since, error, for good)
         self.backlog = deque()            # [run, next index, columns] not yet all produced
         self.backlog_records = 0          # records in the backlog
-        self.states: dict = {}            # (topic, partition) -> PartitionState
+        # (topic, partition) -> SourcePartition: a PartitionState per incarnation heard of
+        self.sources: dict = {}
         self.recent_missing: deque = deque(maxlen=10_000)  # (when, records) this last hour
         self.last_beat = None             # reader's clock when the last heartbeat came (writer 0)
-        self.fills: dict = {}             # (topic, partition) -> offsets filled late, this step
+        self.fills: dict = {}  # (topic, partition, incarnation) -> offsets filled late, this step
         self.beat_interval = 1.0
         self.link_silent = False
         self.next_expire = 0.0
@@ -138,10 +143,11 @@ class Stage(BaseStage):
         self.writers = ctx.instances("kafka_writer")
         self.durable = r.journal_enabled
         self.dir = self.t.resolve(r.journal_dir)
-        self.recovered: set = set()       # source topics whose destination state is known
+        # (topic, partition, incarnation) whose destination state is known
+        self.recovered: set = set()
         self.recover_at: dict = {}        # source topic -> when to try reading it again
         self.unrecovered: dict = {}       # source topic -> runs and claims waiting for that
-        self.reported = None              # (topic, partition) -> ranges reported before
+        self.reported = None  # (topic, partition, incarnation) -> ranges reported before
         self.since_ms = None              # the oldest checkpoint's time
         # A restart (of this writer, or of a receiver that checkpointed before): a partition
         # first seen now may have had records sent while no receiver read.
@@ -220,7 +226,7 @@ class Stage(BaseStage):
             if not self.trusted[index] and any(n >= self.started for n in notices):
                 self.trusted[index] = True
             for claim in claims:
-                if (claim[0], claim[1]) in self.recovered or self._recover(claim[0], claim[1]):
+                if claim[:3] in self.recovered or self._recover(*claim[:3]):
                     self._claim(claim)
                 else:
                     self.unrecovered[claim[0]].append(claim)
@@ -229,8 +235,8 @@ class Stage(BaseStage):
                 if run is None:
                     continue
                 run.origin = origin
-                if (run.topic, run.partition) in self.recovered or \
-                        self._recover(run.topic, run.partition):
+                if (run.topic, run.partition, run.incarnation) in self.recovered or \
+                        self._recover(run.topic, run.partition, run.incarnation):
                     self._offer(run)
                 else:  # the destination cannot be read yet: the run waits (and counts)
                     self.unrecovered[run.topic].append(run)
@@ -243,18 +249,26 @@ class Stage(BaseStage):
                                                             max(m[1], mark[1]))
 
     def _offer(self, run: Run) -> None:
-        state = self.states.get((run.topic, run.partition)) or self._state(run.topic,
-                                                                           run.partition)
+        source = self.sources.get((run.topic, run.partition))
+        state = source.current if source is not None else None
+        if state is None or state.incarnation != run.incarnation:
+            state = self._state(run.topic, run.partition, run.incarnation, run.origin[1])
         wait = state.wait
         u = state.offer(run, run.origin[1])
         if u.missing or u.filled:  # (the wait only lengthens on a fill)
-            self._apply(run.topic, run.partition, u, wait)
+            self._apply(run.topic, run.partition, state, u, wait)
         else:  # the common case: runs to write, nothing to report
             self._queue(u.writes)
 
     def _claim(self, claim) -> None:
-        topic, partition, chain_start, last_sent, seen, live = claim
-        self._state(topic, partition).heartbeat(chain_start, last_sent, seen, live)
+        """A heartbeat's claim: the sender's chain of an incarnation of a source partition, and
+        (`retired`) that the incarnation is gone, its source having held records up to `end`."""
+        topic, partition, incarnation, chain_start, last_sent, end, retired, seen, live = claim
+        state = self._state(topic, partition, incarnation, seen, retired=retired)
+        state.heartbeat(chain_start, last_sent, seen, live)
+        if retired:
+            state.source_ended(end)
+            state.retire(seen)
 
     def _clock(self):
         """The reader's clock as far as every unpacker's marks have come (None: not yet)."""
@@ -286,50 +300,70 @@ class Stage(BaseStage):
         return run
 
     def _report_fills(self) -> None:
-        for (topic, partition), offsets in self.fills.items():
+        for (topic, partition, incarnation), offsets in self.fills.items():
             for first, last in merge([(o, o) for o in offsets]):
-                self._event("filled", topic, partition, first, last, "late")
+                self._event("filled", topic, partition, first, last, "late", incarnation)
         self.fills.clear()
 
     # -- restarts: checkpoints and what the destination holds ----------------------------------
 
     def _restore(self) -> None:
         """The states of this writer's partitions from every checkpoint (another writer may
-        have owned some of them, with another writer count)."""
+        have owned some of them, with another writer count): of each partition, every
+        incarnation the newest checkpoint holding it names."""
         saved = sorted(checkpoints.load_all(self.dir), key=lambda d: d["time_ms"])
+        newest: dict = {}  # (topic, partition) -> its entries in the newest checkpoint
         for data in saved:
+            found: dict = {}
             for topic, partition, state in data["partitions"]:
-                if not self._owns(topic, partition):
-                    continue
+                if self._owns(topic, partition):
+                    found.setdefault((topic, partition), []).append(state)
+            newest.update(found)
+        for (topic, partition), states in newest.items():
+            for state in states:
                 if state.get("destination", self.destination(topic)) != self.destination(topic):
                     self.log.warning("%s[%d] was written to %s, now to %s: starting it anew",
                                      topic, partition, state["destination"],
                                      self.destination(topic))
                     continue
-                self.states[(topic, partition)] = PartitionState.restore(
-                    state, self.r.reorder_wait_ms / 1000, self.r.reorder_wait_max_ms / 1000)
+                incarnation = identity.parse(str(state.get("incarnation", "")))
+                if incarnation is None:
+                    self.log.warning("%s[%d]: a checkpoint's state names no incarnation: not "
+                                     "used", topic, partition)
+                    continue
+                restored = PartitionState.restore(
+                    state, self.r.reorder_wait_ms / 1000, self.r.reorder_wait_max_ms / 1000,
+                    incarnation=incarnation)
+                source = self.sources.setdefault((topic, partition), SourcePartition())
+                if state.get("current") and source.current is None:
+                    source.current = restored
+                else:
+                    source.keep_retired(restored)
         if saved:
             self.resuming = True
             self.since_ms = saved[0]["time_ms"]
-            self.log.info("resuming %d partition(s) from the checkpoints in %s",
-                          len(self.states), self.dir)
-        for topic, _ in self.states:
+            self.log.info("resuming %d partition(s) from the checkpoints in %s: %s",
+                          len(self.sources), self.dir, held_state(self.sources) or "none")
+        for topic, _ in self.sources:
             self.source_partitions.setdefault(topic, 1)
 
-    def _recover(self, topic: str, partition: int) -> bool:
-        """Learn what the destination already holds of a source partition (once per start,
-        before its first record or claim is offered: with it, those of the topic's other
-        partitions this writer owns and has not asked about), and which missing ranges were
-        reported already. False while the destination cannot be read (tried again every
-        RECOVER_AGAIN_SECONDS; meanwhile the topic's runs wait, and count in the backlog)."""
+    def _recover(self, topic: str, partition: int, incarnation: bytes) -> bool:
+        """Learn what the destination already holds of an incarnation of a source partition
+        (once per start, before its first record or claim is offered: with it, the same
+        incarnation of the topic's other partitions this writer owns, and whatever else of the
+        topic waits), and which missing ranges were reported already: both from records that
+        name the incarnation (sourceTopicId), never from another's. False while the destination
+        cannot be read (tried again every RECOVER_AGAIN_SECONDS; meanwhile the topic's runs
+        wait, and count in the backlog)."""
         now = time.monotonic()
         waiting = self.unrecovered.setdefault(topic, [])
         if now < self.recover_at.get(topic, 0.0):
             return False
         count = min(max(self.source_partitions.get(topic, 1), partition + 1), MAX_PARTITIONS)
-        wanted = {(topic, p) for p in range(count) if self._owns(topic, p)}
-        wanted |= {(topic, i.partition if isinstance(i, Run) else i[1]) for i in waiting}
-        wanted.add((topic, partition))
+        wanted = {(topic, p, incarnation) for p in range(count) if self._owns(topic, p)}
+        wanted |= {(topic, i.partition, i.incarnation) if isinstance(i, Run) else i[:3]
+                   for i in waiting}
+        wanted.add((topic, partition, incarnation))
         wanted -= self.recovered
         try:
             if self.reported is None:
@@ -348,17 +382,19 @@ class Stage(BaseStage):
                              "records wait; trying again in %.0f s", self.destination(topic),
                              exc, RECOVER_AGAIN_SECONDS)
             return False
+        clock = self._clock()
         for tp in sorted(wanted):
             ranges = self.reported.get(tp)
             if ranges:
-                self._state(*tp).reported(ranges)
+                self._state(*tp, now=clock).reported(ranges)
             if tp in written:
-                state = self._state(*tp)
+                state = self._state(*tp, now=clock)
                 before = state.frontier
                 state.written_up_to(written[tp])
                 if state.frontier != before:
-                    self.log.info("%s[%d]: the destination holds records up to offset %d "
-                                  "(the checkpoint said %s)", tp[0], tp[1], written[tp], before)
+                    self.log.info("%s[%d] (topic id %s): the destination holds records up to "
+                                  "offset %d (the checkpoint said %s)", tp[0], tp[1],
+                                  identity.text(tp[2]), written[tp], before)
         self.recovered |= wanted
         del self.unrecovered[topic]
         for item in waiting:  # in the order they came
@@ -375,7 +411,7 @@ class Stage(BaseStage):
         if None in self.marks:
             return None
         low = min(m[0] for m in self.marks)
-        for state in self.states.values():
+        for _, state in self._all_states():
             if state.pending:
                 low = min(low, state.oldest_position())
         for waiting in self.unrecovered.values():
@@ -392,8 +428,10 @@ class Stage(BaseStage):
         if low is None:
             self.next_checkpoint = now + interval
             return
-        snapshot = {tp: {**state.checkpoint(), "destination": self.destination(tp[0])}
-                    for tp, state in self.states.items()}
+        snapshot = [[t, p, {**state.checkpoint(), "destination": self.destination(t),
+                            "incarnation": identity.text(state.incarnation),
+                            "current": state is self.sources[(t, p)].current}]
+                    for (t, p), state in self._all_states()]
         wait = self.t.supervisor.drain_timeout_seconds * 0.25 if final else FLUSH_SECONDS
         started = time.monotonic()
         if self.producer.flush(wait) or self._flush_events(wait):
@@ -425,25 +463,54 @@ class Stage(BaseStage):
 
     # -- order, duplicates, gaps (diode.accounting.ordering) -----------------------------------
 
-    def _state(self, topic: str, partition: int) -> PartitionState:
-        state = self.states.get((topic, partition))
-        if state is None:
-            state = self.states[(topic, partition)] = PartitionState(
-                self.r.reorder_wait_ms / 1000, max_wait=self.r.reorder_wait_max_ms / 1000,
-                resumed=self.resuming)
+    def _all_states(self):
+        """((topic, partition), state) of every incarnation of every source partition."""
+        for tp, source in self.sources.items():
+            for state in source.states():
+                yield tp, state
+
+    def _state(self, topic: str, partition: int, incarnation: bytes, now: float | None = None,
+               retired: bool = False) -> PartitionState:
+        """The state of an incarnation of a source partition. One heard of for the first time
+        becomes the current one, and the current one retires (diode.accounting.ordering) at the
+        reader's clock `now`; one heard of only as gone (`retired`) is kept as retired."""
+        source = self.sources.get((topic, partition))
+        if source is None:
+            source = self.sources[(topic, partition)] = SourcePartition()
+        state = source.find(incarnation)
+        if state is not None:
+            return state
+        state = PartitionState(self.r.reorder_wait_ms / 1000,
+                               max_wait=self.r.reorder_wait_max_ms / 1000,
+                               resumed=self.resuming, incarnation=incarnation)
+        if now is None:
+            now = self._clock() or 0.0
+        if retired:
+            state.retire(now)
+            source.keep_retired(state)
+            return state
+        old = source.adopt(state, now)
+        if old is not None:
+            self.metrics.inc("source_resets")
+            self.log.warning("%s[%d]: records of a new incarnation of the source partition "
+                             "(topic id %s, was %s): the source topic was recreated or its "
+                             "cluster rebuilt. They are written from the first; what the old "
+                             "one leaves open is reported as source-reset", topic, partition,
+                             identity.text(incarnation), identity.text(old.incarnation))
         return state
 
-    def _apply(self, topic: str, partition: int, u, wait: float | None = None) -> None:
+    def _apply(self, topic: str, partition: int, state: PartitionState, u,
+               wait: float | None = None) -> None:
         if u.missing:
             # The report goes before the records after the gap: were they written and the
             # report lost with this process, a restart would take the gap for written.
             self.events_first = True
         self._queue(u.writes)
         for m in u.missing:
-            self._event("missing", topic, partition, m.first, m.last, m.reason)
+            self._event("missing", topic, partition, m.first, m.last, m.reason,
+                        state.incarnation)
         if u.filled:  # reported per run of offsets, once per step (_report_fills)
-            self.fills.setdefault((topic, partition), []).extend(u.filled)
-        state = self.states[(topic, partition)]
+            self.fills.setdefault((topic, partition, state.incarnation), []).extend(u.filled)
         if wait is not None and state.wait > wait:
             self.metrics.inc("reorder_wait_widened")
             self.log.warning("%s[%d]: records arrive later than the reorder wait: now waiting "
@@ -451,13 +518,17 @@ class Stage(BaseStage):
                              topic, partition, state.wait)
 
     def _expire(self, clock: float) -> None:
-        for (t, p), state in self.states.items():
-            if state.busy:
-                wait = state.wait
-                self._apply(t, p, state.expire(clock), wait)
+        for (t, p), source in self.sources.items():
+            for state in source.states():
+                if state.busy:
+                    wait = state.wait
+                    self._apply(t, p, state, state.expire(clock), wait)
+            if source.retired:
+                source.prune()
         self._report_fills()
-        self.metrics.set("duplicates", sum(s.duplicates for s in self.states.values()))
-        self.metrics.set("pending_records", sum(s.pending_records for s in self.states.values()))
+        states = [s for _, s in self._all_states()]
+        self.metrics.set("duplicates", sum(s.duplicates for s in states))
+        self.metrics.set("pending_records", sum(s.pending_records for s in states))
         # On the reader's clock too: a pipeline held up by the destination is not a silent link.
         if self.last_beat is not None:
             self.metrics.set("link_heartbeat_age_seconds", round(clock - self.last_beat, 3))
@@ -476,23 +547,27 @@ class Stage(BaseStage):
         self.metrics.set("missing_ranges_last_hour", len(self.recent_missing))
         self.metrics.set("missing_records_last_hour", sum(n for _, n in self.recent_missing))
 
-    def _event(self, kind, topic, partition, first, last, reason) -> None:
-        """A missing range (or a late record filling one): logged, counted, and written to the
-        missing-records topic when there is one."""
+    def _event(self, kind, topic, partition, first, last, reason,
+               incarnation: bytes | None) -> None:
+        """A missing range (or a late record filling one) of an incarnation of a source
+        partition: logged, counted, and written to the missing-records topic when there is
+        one."""
+        topic_id = identity.text(incarnation) if incarnation is not None else None
         if kind == "missing":
             self.metrics.inc("missing_ranges")
             self.metrics.inc("missing_records", last - first + 1)
             self.recent_missing.append((time.monotonic(), last - first + 1))
-            self.log.warning("missing %s[%d] offsets %d..%d (%s)", topic, partition, first, last,
-                             MEANINGS.get(reason, reason))
+            self.log.warning("missing %s[%d] offsets %d..%d (%s)%s", topic, partition, first,
+                             last, MEANINGS.get(reason, reason),
+                             f", topic id {topic_id}" if reason == "source-reset" else "")
         else:
             self.metrics.inc("late_records", last - first + 1)
             self.log.info("late records %s[%d]@%d..%d filled a missing range", topic, partition,
                           first, last)
         if self.r.missing_records_topic:
             event = {"type": kind, "sourceTopic": topic, "sourcePartition": partition,
-                     "firstOffset": first, "lastOffset": last, "reason": reason,
-                     "detectedAt": int(time.time() * 1000)}
+                     "sourceTopicId": topic_id, "firstOffset": first, "lastOffset": last,
+                     "reason": reason, "detectedAt": int(time.time() * 1000)}
             self.event_queue.append((self.r.missing_records_topic, f"{topic}-{partition}".encode(),
                                      json.dumps(event).encode(), None))
 
@@ -510,9 +585,13 @@ class Stage(BaseStage):
             self.event_queue.append((self.r.heartbeat_topic, beat["session"].encode(), json.dumps({
                 "senderTime": beat.get("time_ms"), "receivedAt": int(time.time() * 1000),
                 "reader": beat.get("reader"), "session": beat["session"],
+                "sourceCluster": beat.get("cluster"),
                 "partitions": len(beat["partitions"]), "counters": beat.get("counters", {}),
-                "lastSent": [{"topic": t, "partition": p, "offset": last, "chainStart": start}
-                             for t, p, start, last in beat["partitions"]]}).encode(), None))
+                "lastSent": [{"topic": t, "partition": p, "offset": last, "chainStart": start,
+                              "topicId": identity.text(inc), "sourceEnd": end,
+                              "retired": retired}
+                             for t, p, inc, start, last, end, retired in beat["partitions"]]
+            }).encode(), None))
 
     def _produce_events(self) -> None:
         """Hand queued events to their producer, in order, as far as it takes them now."""
@@ -646,7 +725,8 @@ class Stage(BaseStage):
                            where, error)
             return
         self.metrics.inc("refused_records")
-        self._event("missing", topic, partition, offset, offset, f"refused: {error}")
+        self._event("missing", topic, partition, offset, offset, f"refused: {error}",
+                    identity.parse(coordinates.get("sourceTopicId", b"")))
 
     def _delivered(self, err, msg):
         """Called for records the destination refused (delivery.report.only.error): with
@@ -740,8 +820,28 @@ def _headers(run: Run, i: int, own) -> list:
     """Record i's headers as written: its own, then the provenance (the dead-letter paths; the
     hot path builds the same in diode.kafka.clients.produce_run)."""
     return [*(own[i] if own is not None else ()), ("sourceTopic", run.topic.encode()),
-            ("sourcePartition", b"%d" % run.partition), ("sourceOffset", b"%d" % run.offsets[i])]
+            ("sourcePartition", b"%d" % run.partition), ("sourceOffset", b"%d" % run.offsets[i]),
+            ("sourceTopicId", identity.text(run.incarnation).encode())]
+
+
+def held_state(sources: dict, most: int = 10) -> str:
+    """The incarnations a writer holds state for, per source partition (the first `most`), in
+    a line."""
+    held = sorted(sources.items())
+    return "; ".join(
+        f"{t}[{p}] {', '.join(describe_state(s, s is source.current) for s in source.states())}"
+        for (t, p), source in held[:most]) + (f"; and {len(held) - most} more"
+                                              if len(held) > most else "")
+
+
+def describe_state(state: PartitionState, current: bool) -> str:
+    """'topic id X up to offset N' (and whether it is current or retired)."""
+    where = "nothing resolved" if state.frontier is None else f"up to offset {state.frontier}"
+    what = "current" if current else "retired" if state.retired else "retiring"
+    return f"topic id {identity.text(state.incarnation)} {where} ({what})"
 
 
 MEANINGS = {"gap": "lost on the link", "tail": "sent before the last heartbeat, never arrived",
-            "receiver-down": "sent while no receiver was reading"}
+            "receiver-down": "sent while no receiver was reading",
+            "source-reset": "still missing when a new incarnation of the source partition "
+                            "replaced this one"}

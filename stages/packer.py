@@ -146,12 +146,13 @@ class Stage(BaseStage):
         self._emit(*self.builder.flush())
         parts = beat["partitions"]
         room = self.builder.budget
-        chunks, chunk, size = [], [], 200
+        base = 200 + len(beat.get("cluster", "").encode())
+        chunks, chunk, size = [], [], base
         for entry in parts:
-            n = len(entry[0].encode()) + 70
+            n = len(entry[0].encode()) + 100  # (a claim: the topic, 16 bytes, 4 longs, ...)
             if chunk and size + n > room:
                 chunks.append(chunk)
-                chunk, size = [], 200
+                chunk, size = [], base
             chunk.append(entry)
             size += n
         chunks.append(chunk)

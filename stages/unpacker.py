@@ -199,9 +199,9 @@ class Stage(BaseStage):
         """Claims go to the writers owning their partitions; the beat itself to writer 0."""
         self.metrics.inc("heartbeats")
         _, seen, replayed = origin
-        for t, p, start, last in beat["partitions"]:
-            msgs[partition_owner(t, p, len(msgs))][2].append((t, p, start, last, seen,
-                                                              not replayed))
+        for t, p, incarnation, start, last, end, retired in beat["partitions"]:
+            msgs[partition_owner(t, p, len(msgs))][2].append(
+                (t, p, incarnation, start, last, end, retired, seen, not replayed))
         if not replayed:
             beat["session"] = f"{h.session_id:016x}"
             beat["seen"] = seen

@@ -264,6 +264,70 @@ def topics(bootstrap) -> dict:
     return {name: len(t.partitions) for name, t in md.topics.items()}
 
 
+def topic_id(cluster, topic: str) -> str:
+    """A topic's id (KIP-516) as Kafka's tools print it (URL-safe base64; librdkafka's own
+    text uses + and /)."""
+    from confluent_kafka import KafkaException, TopicCollection
+    admin = AdminClient(client(cluster))
+    deadline = time.monotonic() + 30
+    while True:  # (a topic just created may not be in every broker's metadata yet)
+        try:
+            text = str(admin.describe_topics(TopicCollection([topic]))[topic].result(10)
+                       .topic_id)
+            return text.replace("+", "-").replace("/", "_")
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def read_until(cluster, topics, take, done, timeout: float = 120, idle: float = 3.0) -> None:
+    """Read `topics` from their start as they appear, handing each record to `take(message)`,
+    until `done()` (then `idle` seconds more, to catch extras) or `timeout`."""
+    c = Consumer(client(cluster, **{"group.id": "audit", "enable.auto.commit": False}))
+    assigned, deadline, done_at = set(), time.monotonic() + timeout, None
+    try:
+        while time.monotonic() < deadline:
+            md = c.list_topics(timeout=5).topics
+            for topic in topics:
+                if topic not in assigned and topic in md and md[topic].partitions:
+                    assigned.add(topic)
+                    c.incremental_assign([TopicPartition(topic, p, 0)
+                                          for p in md[topic].partitions])
+            for m in c.consume(5000, timeout=0.5):
+                if m.error() is None:
+                    take(m)
+            if done():
+                done_at = done_at or time.monotonic() + idle
+                if time.monotonic() >= done_at:
+                    break
+    finally:
+        c.close()
+
+
+def delete_topic(cluster: str, topic: str, timeout: float = 60) -> None:
+    admin = AdminClient(client(cluster))
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + timeout
+    while topic in admin.list_topics(timeout=10).topics:
+        assert time.monotonic() < deadline, f"{topic} still there"
+        time.sleep(0.2)
+
+
+def recreate(cluster: str, topic: str, partitions: int) -> str:
+    """Delete `topic` and create it again (Kafka refuses a create while the delete is still
+    going on: retried); its new id."""
+    delete_topic(cluster, topic)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            create_topic(cluster, topic, partitions)
+            return topic_id(cluster, topic)
+        except Exception:  # (TOPIC_ALREADY_EXISTS while the deletion completes)
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+
+
 def headers_of(msg) -> dict:
     return {k: v for k, v in (msg.headers() or [])}
 

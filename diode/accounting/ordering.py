@@ -30,6 +30,15 @@ the reason "receiver-down": the gap before the first live record, and every tail
 heartbeats claim before it (a heartbeat claims what the sender handed to its kernel, which it may
 learn after the restart of records it sent before).
 
+Offsets mean something only within one incarnation of a source partition (a topic deleted and
+recreated starts again at 0; diode.kafka.identity), so a state belongs to one incarnation and a
+writer keeps one per incarnation it hears of (SourcePartition). When a newer incarnation appears,
+the old one *retires*: it keeps taking its own late records for `wait` seconds, then what is still
+open (gaps waiting for a predecessor, tails claimed and not arrived, and the records its source
+held that the sender never read, up to the end the sender last saw) is reported once with the
+reason "source-reset". A retired state stays, so that copies of its records (a journal replay, a
+late datagram) are still told apart from records of the new incarnation.
+
 Memory is bounded: records waiting for a predecessor (`max_pending`, counted in records; beyond
 it the oldest gap is resolved at once), reported gaps remembered for late fills (`max_gaps`),
 heartbeat claims.
@@ -41,16 +50,20 @@ import heapq
 from collections import deque
 from typing import NamedTuple
 
+from diode.link.records import NO_INCARNATION
+
 
 class Missing(NamedTuple):
     first: int
     last: int
     reason: str  # "gap": a later record arrived; "tail": a heartbeat said they were sent;
     #              "receiver-down": sent while no receiver was reading (before the first
-    #              live record after a restart)
+    #              live record after a restart); "source-reset": still missing when a newer
+    #              incarnation of the source partition replaced this one
 
 
 CHECKPOINT_GAPS = 1000  # reported gaps a checkpoint keeps for late fills
+MAX_RETIRED = 4         # retired incarnations kept per source partition (each a few numbers)
 
 
 class Update(NamedTuple):
@@ -73,7 +86,14 @@ def _tail(run, i: int):
 class PartitionState:
     def __init__(self, wait: float, max_pending: int = 100_000, max_gaps: int = 10_000,
                  frontier: int | None = None, max_wait: float | None = None,
-                 resumed: bool = False):
+                 resumed: bool = False, incarnation: bytes = NO_INCARNATION):
+        self.incarnation = incarnation     # of the source partition: its topic id
+        # Retirement (see the module): the reader's clock when a newer incarnation appeared
+        # (what is open is reported after `wait`), then retired for good.
+        self.retiring: float | None = None
+        self.retired = False
+        self.source_end = -1               # the last offset its source held (the sender's word)
+        self._resetting = False            # reporting what a retirement leaves open
         self.wait = wait
         self.max_wait = max(wait, max_wait if max_wait is not None else wait)
         self._now = 0.0
@@ -103,16 +123,24 @@ class PartitionState:
     # -- checkpoints ---------------------------------------------------------------------------
 
     def checkpoint(self) -> dict:
-        """What a restart needs: the frontier and the ranges late records may still fill."""
+        """What a restart needs: the frontier and the ranges late records may still fill (the
+        caller adds the incarnation, in text)."""
         return {"frontier": self.frontier, "gaps": self.gaps[-CHECKPOINT_GAPS:],
                 "unknown": self.unknown[-CHECKPOINT_GAPS:], "wait": self.wait,
-                "expected": [[first, last] for first, last, _ in self.expected]}
+                "expected": [[first, last] for first, last, _ in self.expected],
+                "retired": self.retired, "retiring": self.retiring is not None,
+                "source_end": self.source_end}
 
     @classmethod
     def restore(cls, saved: dict, wait: float, max_wait: float | None = None,
-                **limits) -> "PartitionState":
+                incarnation: bytes = NO_INCARNATION, **limits) -> "PartitionState":
         state = cls(max(wait, saved.get("wait", wait)), frontier=saved["frontier"],
-                    max_wait=max_wait, **limits)
+                    max_wait=max_wait, incarnation=incarnation, **limits)
+        state.retired = bool(saved.get("retired"))
+        state.source_end = int(saved.get("source_end", -1))
+        if saved.get("retiring") and not state.retired:
+            state.retiring = -1.0  # the wait starts again at the first expire() (the reader
+            #                        clock it ran on went with the restart)
         state.gaps = [list(g) for g in saved.get("gaps", [])]
         state.unknown = [list(g) for g in saved.get("unknown", [])]
         # the wait starts again at the first expire() after the restart
@@ -134,6 +162,18 @@ class PartitionState:
             if not self._overlaps(self.gaps, first, last):
                 bisect.insort(self.gaps, [first, last])
             self.written_up_to(last)
+
+    def retire(self, now: float) -> None:
+        """A newer incarnation of the source partition appeared (at the reader's clock `now`):
+        what is open here is reported as "source-reset" once `wait` has passed, for the late
+        records of this one to come first."""
+        if self.retiring is None and not self.retired:
+            self.retiring = now
+
+    def source_ended(self, end: int) -> None:
+        """The sender says its source held this incarnation's records up to `end` when it went
+        away: what never arrived of them is reported as "source-reset" at retirement."""
+        self.source_end = max(self.source_end, end)
 
     def oldest_position(self):
         """The lowest journal position of a run still waiting here (None: none waits)."""
@@ -206,7 +246,10 @@ class PartitionState:
     def heartbeat(self, chain_start: int, last_sent: int, now: float,
                   live: bool = True) -> None:
         """The sender's chain for this partition started at `chain_start` and has sent every
-        record up to `last_sent` (`live`: not a heartbeat the journal replays)."""
+        record up to `last_sent` (`live`: not a heartbeat the journal replays; -1 and -1: no
+        chain, nothing sent)."""
+        if chain_start < 0:
+            return
         if self.frontier is None:
             self.anchor = chain_start
         if (self.frontier is None or last_sent > self.frontier) and \
@@ -214,9 +257,14 @@ class PartitionState:
             self._claims.append((now, last_sent, live))
 
     def expire(self, now: float) -> Update:
-        """Resolve what has waited `wait` seconds: gaps before waiting runs, claimed tails."""
+        """Resolve what has waited `wait` seconds: gaps before waiting runs, claimed tails, and
+        what a retirement leaves open."""
         u = Update([], [], [])
         self._now = now
+        if self.retiring is not None and self.retiring < 0:
+            self.retiring = now
+        if self.retiring is not None and now - self.retiring >= self.wait:
+            self._finish_retiring(u)
         while self.pending:
             while self._arrivals and self._arrivals[0][1] not in self.pending:
                 self._arrivals.popleft()
@@ -234,6 +282,8 @@ class PartitionState:
                 self._report(Missing(self.frontier + 1, last, self._reason("tail", live)), u)
                 self.frontier = last
                 self._release(u)
+        if self.retired and not self._claims and not self.pending:
+            self._source_reset(u)
         if u.filled:
             self._widen(now, u.filled)
         return u
@@ -241,7 +291,36 @@ class PartitionState:
     @property
     def busy(self) -> bool:
         """Whether expire() may have something to do."""
-        return bool(self.pending or self._claims or self.expected)
+        return bool(self.pending or self._claims or self.expected) or \
+            self.retiring is not None or (self.retired and self.source_end >= 0 and (
+                self.frontier is None or self.source_end > self.frontier))
+
+    def _finish_retiring(self, u: Update) -> None:
+        """The retirement's wait is over: report what is open as "source-reset": gaps before
+        waiting runs (which are written) and records expected. Tails the sender claimed are
+        resolved as any claim (they may still be on their way), and what its source held
+        beyond them once they are (_source_reset)."""
+        self._resetting = True
+        try:
+            while self.pending:
+                self._force(u)
+            for first, last, _ in self.expected:
+                u.missing.append(Missing(first, last, "source-reset"))
+                bisect.insort(self.gaps, [first, last])
+            self.expected = []
+        finally:
+            self._resetting = False
+        self.retiring = None
+        self.retired = True
+
+    def _source_reset(self, u: Update) -> None:
+        """What the source held beyond every record resolved and claimed, when it went away
+        (the sender's word): never to come."""
+        if self.frontier is None:
+            self._anchor()
+        if self.frontier is not None and self.source_end > self.frontier:
+            self._report(Missing(self.frontier + 1, self.source_end, "source-reset"), u)
+            self.frontier = self.source_end
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -290,7 +369,10 @@ class PartitionState:
 
     def _reason(self, reason: str, live: bool) -> str:
         """What live traffic shows missing before its first record after a restart: sent while
-        no receiver read. (`resumed` ends when a live record is written.)"""
+        no receiver read (`resumed` ends when a live record is written); what a retirement
+        leaves open: "source-reset"."""
+        if self._resetting:
+            return "source-reset"
         return "receiver-down" if self.resumed and live else reason
 
     def _widen(self, now: float, filled: list) -> None:
@@ -386,3 +468,45 @@ class PartitionState:
         del self._reports[:-self.max_gaps]
         del self.gaps[:-self.max_gaps]
         self.expected = keep
+
+
+class SourcePartition:
+    """The states of one source partition, one per incarnation heard of: the current one, and
+    up to MAX_RETIRED retired ones (oldest first) that still tell copies of their records from
+    records of the current one. Pure, like PartitionState."""
+
+    def __init__(self):
+        self.current: PartitionState | None = None
+        self.retired: deque = deque()
+
+    def find(self, incarnation: bytes) -> PartitionState | None:
+        if self.current is not None and self.current.incarnation == incarnation:
+            return self.current
+        for state in self.retired:
+            if state.incarnation == incarnation:
+                return state
+        return None
+
+    def adopt(self, state: PartitionState, now: float) -> PartitionState | None:
+        """`state` is of an incarnation heard of for the first time: it becomes the current one
+        and the current one retires (returned; None if there was none)."""
+        old = self.current
+        self.current = state
+        if old is not None:
+            old.retire(now)
+            self.keep_retired(old)
+        return old
+
+    def keep_retired(self, state: PartitionState) -> None:
+        """A state of an incarnation that is not (or no longer) the current one. The oldest go
+        once there are more than MAX_RETIRED, never while they still have something to report."""
+        self.retired.append(state)
+        self.prune()
+
+    def prune(self) -> None:
+        while len(self.retired) > MAX_RETIRED and not self.retired[0].busy:
+            self.retired.popleft()
+
+    def states(self) -> list:
+        """Every state, the current one first."""
+        return ([self.current] if self.current is not None else []) + list(self.retired)

@@ -5,6 +5,7 @@ import re
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import NewTopic
 
+from diode.kafka import identity
 from diode.link.records import partition_owner
 from diode.link.crypto import read_secret
 from diode.runtime.topology import REFERENCE, Topology
@@ -30,9 +31,13 @@ def client_settings(t: Topology, side: str) -> dict:
 
 def consumer_config(t: Topology) -> dict:
     """The source cluster's librdkafka settings, with what at-least-once requires forced:
-    offsets are stored and committed by the reader itself, only for what was sent."""
+    offsets are stored and committed by the reader itself, only for what was sent; a position
+    the source no longer holds is an error the reader handles (a recreated topic, or records
+    deleted before they were read), never a silent jump (sender.start.position says where a
+    partition without a committed offset starts)."""
     conf = {"group.id": f"diode-{t.name}", **client_settings(t, "sender")}
-    conf.update({"enable.auto.commit": False, "enable.auto.offset.store": False})
+    conf.update({"enable.auto.commit": False, "enable.auto.offset.store": False,
+                 "auto.offset.reset": "error"})
     return conf
 
 
@@ -101,19 +106,22 @@ def create_topic(admin, topic: str, partitions: int, timeout: float = 15.0) -> b
 def produce_run(producer, topic: str, partition: int, run, columns, start: int = 0,
                 written_at=()) -> int:
     """Produce a run's records (diode.link.runs) from index `start` with their provenance headers
-    (and `written_at`) to `topic`, `partition` (-1: the partitioner's choice). `columns` is
+    (sourceTopic, sourcePartition, sourceOffset as Confluent's connector writes them, and
+    sourceTopicId: the incarnation, diode.kafka.identity) and `written_at` to `topic`,
+    `partition` (-1: the partitioner's choice). `columns` is
     (keys, values, own headers) as the run's key_list, value_list and header_lists give them.
     Returns the index reached: short of the end when the producer's queue is full. The
     per-record work is the produce call and its header list, both built in comprehensions
     rather than a loop body: the kafka_writer's hot path, and what `diode check` measures."""
     keys, values, own = columns
     st, sp = ("sourceTopic", run.topic.encode()), ("sourcePartition", b"%d" % run.partition)
+    si = ("sourceTopicId", identity.text(run.incarnation).encode())
     offsets = run.offsets[start:]
     # one list per record, built in one display (no concatenations)
     if own is None:
-        headers = [[st, sp, ("sourceOffset", b"%d" % o), *written_at] for o in offsets]
+        headers = [[st, sp, ("sourceOffset", b"%d" % o), si, *written_at] for o in offsets]
     else:
-        headers = [[*mine, st, sp, ("sourceOffset", b"%d" % o), *written_at]
+        headers = [[*mine, st, sp, ("sourceOffset", b"%d" % o), si, *written_at]
                    for mine, o in zip(own[start:], offsets)]
     produce = producer.produce
     done = start

@@ -43,6 +43,8 @@ class SentTracker:
         if remaining - count == 0:
             for tp in list(self._parts[msg_id]):
                 self._advance(tp)
+            if msg_id in self._parts and not self._parts[msg_id]:  # (its partitions forgotten)
+                del self._parts[msg_id], self._remaining[msg_id]
 
     def _advance(self, tp) -> None:
         queue = self._queues[tp]
@@ -72,6 +74,24 @@ class SentTracker:
     def retry(self, tps) -> None:
         """Report these positions as changed again (their commit failed)."""
         self._dirty.update(tp for tp in tps if tp in self._commit)
+
+    def forget(self, tp) -> list:
+        """Stop tracking partition `tp` (its topic is another incarnation now, or it is read
+        again from elsewhere): acknowledgements of what was in flight no longer move its
+        position, and nothing more of it is committed. Returns what of it was in flight:
+        [(message id, last offset)], in order (see `sent`)."""
+        inflight = list(self._queues.pop(tp, ()))
+        for msg_id, _ in inflight:
+            parts = self._parts.get(msg_id)
+            if parts is not None and tp in parts:
+                parts.remove(tp)
+        self._commit.pop(tp, None)
+        self._dirty.discard(tp)
+        return inflight
+
+    def sent(self, msg_id: int) -> bool:
+        """Whether message `msg_id`, dispatched since the last reset(), is wholly sent."""
+        return self._remaining.get(msg_id, 0) == 0
 
     def reset(self) -> None:
         """Forget everything in flight (after a rewind); keep the committed positions."""

@@ -1,11 +1,17 @@
 """What the destination cluster already holds, for a receiver that restarts without a usable
 checkpoint (new machine, deleted directory) or whose destination got records after the last one.
 
-- `last_written`: per source partition, the highest source offset already written, from the
-  provenance headers (sourceTopic, sourcePartition, sourceOffset) of the destination topic's last
-  records, so nothing is written twice nor reported missing once written;
-- `last_reported`: per source partition, the missing ranges already written to the
-  missing-records topic, so none is reported twice.
+- `last_written`: per incarnation of a source partition, the highest source offset already
+  written, from the provenance headers (sourceTopic, sourcePartition, sourceTopicId, sourceOffset)
+  of the destination topic's last records, so nothing is written twice nor reported missing once
+  written;
+- `last_reported`: per incarnation of a source partition, the missing ranges already written to
+  the missing-records topic, so none is reported twice.
+
+Both go by the incarnation (diode.kafka.identity: the source topic's id), never by the topic name
+alone: the records of a topic deleted and recreated, or of a cluster rebuilt, say nothing of the
+new one's offsets. Records and events that name no incarnation (written by a diode before it
+carried them) are not taken for any.
 
 Both read with a consumer of their own that is assigned partitions (never subscribed: no group
 join) and read backward from each partition's end in growing chunks. A partition's end is where
@@ -22,6 +28,7 @@ import uuid
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from diode.errors import DiodeError
+from diode.kafka import identity
 from diode.kafka.clients import admin_config
 from diode.accounting.ranges import merge
 
@@ -34,10 +41,11 @@ QUIET = 0.2          # s: nothing more after partition EOF: the true end is read
 QUIET_MAX = 2.0      # s: longest wait for that quiet moment
 
 
-def last_written(settings: dict, destination_topic: str, wanted: set[tuple[str, int]],
-                 max_scan: int = 100_000, timeout: float = 30.0) -> dict[tuple[str, int], int]:
-    """For each (source topic, source partition) in `wanted`, the highest sourceOffset among the
-    records of `destination_topic` whose provenance headers name it.
+def last_written(settings: dict, destination_topic: str, wanted: set[tuple[str, int, bytes]],
+                 max_scan: int = 100_000,
+                 timeout: float = 30.0) -> dict[tuple[str, int, bytes], int]:
+    """For each (source topic, source partition, incarnation) in `wanted`, the highest
+    sourceOffset among the records of `destination_topic` whose provenance headers name it.
 
     Source partition p is looked for in destination partition p when the destination has more
     than p partitions (the writer keeps the partition number then), otherwise in every
@@ -50,16 +58,17 @@ def last_written(settings: dict, destination_topic: str, wanted: set[tuple[str, 
     wanted = set(wanted)
     if not wanted:
         return {}
-    names = {(t.encode(), b"%d" % p): (t, p) for t, p in wanted}
-    best: dict[tuple[str, int], int] = {}
+    names = {(t.encode(), b"%d" % p, identity.text(inc).encode()): (t, p, inc)
+             for t, p, inc in wanted}
+    best: dict[tuple[str, int, bytes], int] = {}
     with _Reader(settings, timeout) as r:
         count = r.partitions(destination_topic)
         if not count:
             return {}
         pending: dict[int, set] = {}  # destination partition -> pairs not found there yet
-        for t, p in wanted:
+        for t, p, inc in wanted:
             for dp in ([p] if p < count else range(count)):
-                pending.setdefault(dp, set()).add((t, p))
+                pending.setdefault(dp, set()).add((t, p, inc))
 
         def take(dp: int, msgs: list) -> None:
             here = pending[dp]
@@ -68,7 +77,8 @@ def last_written(settings: dict, destination_topic: str, wanted: set[tuple[str, 
                 if not h:
                     continue
                 h = dict(h)
-                pair = names.get((h.get("sourceTopic"), h.get("sourcePartition")))
+                pair = names.get((h.get("sourceTopic"), h.get("sourcePartition"),
+                                  h.get("sourceTopicId")))
                 if pair is None:
                     continue
                 try:
@@ -91,14 +101,15 @@ def last_written(settings: dict, destination_topic: str, wanted: set[tuple[str, 
 
 def last_reported(settings: dict, missing_topic: str, since_ms: int | None = None,
                   max_scan: int = 1_000_000,
-                  timeout: float = 30.0) -> dict[tuple[str, int], list]:
-    """Missing ranges already reported: (source topic, source partition) -> sorted, merged list
-    of [first, last] of the "missing" events of `missing_topic` ("filled" events are ignored: the
-    range was reported all the same). Read from `since_ms` (record timestamps; the broker's
+                  timeout: float = 30.0) -> dict[tuple[str, int, bytes], list]:
+    """Missing ranges already reported: (source topic, source partition, incarnation) -> sorted,
+    merged list of [first, last] of the "missing" events of `missing_topic` ("filled" events are
+    ignored: the range was reported all the same; events naming no incarnation are left out).
+    Read from `since_ms` (record timestamps; the broker's
     offsets_for_times only says where to start, the timestamps decide) or, without it, from the
     last `max_scan` events of each partition, to the true end; never more than `max_scan` back
     from a partition's reported end. A missing topic: {}. DiodeError as last_written's."""
-    found: dict[tuple[str, int], list] = {}
+    found: dict[tuple[str, int, bytes], list] = {}
     skipped = 0
 
     def take(dp: int, msgs: list) -> None:
@@ -110,7 +121,10 @@ def last_reported(settings: dict, missing_topic: str, since_ms: int | None = Non
                 e = json.loads(m.value())
                 if e.get("type") != "missing":
                     continue
-                pair = (str(e["sourceTopic"]), int(e["sourcePartition"]))
+                incarnation = identity.parse(str(e.get("sourceTopicId") or ""))
+                if incarnation is None:
+                    continue  # (reported by a diode before incarnations: not this one's)
+                pair = (str(e["sourceTopic"]), int(e["sourcePartition"]), incarnation)
                 found.setdefault(pair, []).append((int(e["firstOffset"]), int(e["lastOffset"])))
             except (TypeError, ValueError, KeyError, AttributeError):
                 skipped += 1

@@ -1,41 +1,100 @@
-"""Which source partitions a reader should read, found off its loop.
+"""Which source partitions a reader should read, and which incarnation each is, found off its loop.
 
 Asking a cluster for its topics, and for the committed offsets of new partitions, waits on the
 cluster: seconds when it is slow or unreachable. A kafka_reader asking in its own loop stops for
 that long, and so do its heartbeats, and the receiver takes a slow source cluster for a dead link.
-A PartitionWatcher asks from a thread of its own, with a client of its own (a confluent_kafka
-client is not shared with the loop's), every `interval` seconds, and hands what it found to the
-loop through a small queue: the loop never waits on the cluster.
+A PartitionWatcher asks from a thread of its own, with clients of its own (a confluent_kafka
+client is not shared with the loop's), and hands what it found to the loop through a small
+queue: the loop never waits on the cluster.
+
+It looks in two ways:
+
+- every `interval` seconds (refresh.topics.interval.seconds), the cluster's topics: new topics
+  and partitions, handed over with their committed offsets;
+- every `check` seconds (identity.check.interval.ms), the incarnation of each topic the reader
+  reads (diode.kafka.identity: its topic id); with the listing, and when the loop wakes it,
+  each partition's end too. A topic whose id changed was deleted and recreated (or its cluster
+  rebuilt): it is handed over again as a reset, its partitions anew with the committed offsets
+  that belong to the new incarnation; a topic gone from the cluster is handed over as gone. The
+  ends are taken before the ids, so an end handed over with an unchanged id is the end of that
+  incarnation.
+
+Committed offsets carry the incarnation they were committed for in their metadata
+(identity.metadata); an offset committed for another incarnation (a recreated topic whose group
+offsets survived, a cluster restored under the same group) is never used.
 """
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from diode.kafka.clients import partition_counts
+from diode.kafka import identity
+from diode.kafka.clients import admin_config
+from diode.link.records import NO_INCARNATION
 
 COMMITTED_TIMEOUT = 10.0
+REQUEST_TIMEOUT = 10.0
 RETRY_SECONDS = 1.0
 
 
 class Found(NamedTuple):
-    counts: dict        # topic -> partition count
+    counts: dict        # topic -> partition count (empty when only the identities were checked)
     new: list           # TopicPartition of partitions not handed over before, with the
-    #                     committed offset (negative: none committed)
-    error: str | None   # why the cluster could not be read this time (counts and new empty)
+    #                     committed offset (negative: none, or one of another incarnation)
+    error: str | None   # why the cluster could not be read this time (the rest empty)
+    cluster: str = ""   # the source cluster's id
+    incarnations: dict = {}  # topic -> incarnation (16 bytes), of the topics read
+    ends: dict = {}     # (topic, partition) -> end offset (next to be written) of the
+    #                     incarnation in `incarnations`
+    resets: dict = {}   # topic -> (old incarnation, new one): the topic was recreated
+    gone: list = []     # topics read until now and no longer in the cluster
+    stale: list = []    # (topic, partition, offset): committed for another incarnation, unused
+    unnamed: set = set()  # topics whose broker gives no id (their incarnation a fallback)
+    started: float = 0.0  # when the look began (time.monotonic)
+
+
+class Identities:
+    """The incarnation of each topic a reader reads, as last seen, and what a new look means:
+    pure logic, tested alone."""
+
+    def __init__(self, known: dict | None = None):
+        # topic -> incarnation last seen (kept while a topic is gone); `known`: what a
+        # restarted reader knew (diode.kafka.lineage)
+        self.known: dict = dict(known or {})
+        self.present: set = set(self.known)  # topics seen in the last look
+
+    def update(self, ids: dict) -> tuple[dict, list]:
+        """`ids`: topic -> incarnation of the topics the reader reads that the cluster has now.
+        Returns (resets: topic -> (old, new), gone: topics that were there and are not)."""
+        resets = {t: (self.known[t], inc) for t, inc in ids.items()
+                  if t in self.known and self.known[t] != inc}
+        gone = sorted(self.present - set(ids))
+        self.known.update(ids)
+        self.present = set(ids)
+        return resets, gone
 
 
 class PartitionWatcher:
-    """`owned(counts)` -> the (topic, partition) pairs this reader reads, of those counts."""
+    """`owned(counts)` -> the (topic, partition) pairs this reader reads, of those counts.
+    `config`: the source consumer's settings (its group's committed offsets are read)."""
 
-    def __init__(self, config: dict, owned: Callable[[dict], set], interval: float):
+    def __init__(self, config: dict, owned: Callable[[dict], set], interval: float,
+                 check: float | None = None, known: dict | None = None):
         self.config, self.owned, self.interval = config, owned, interval
+        self.check = min(interval, check) if check else interval
         self.found: queue.Queue = queue.Queue(maxsize=4)
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._handed: set = set()  # pairs whose committed offsets went to the loop
+        self._counts: dict = {}    # the last topic listing
+        self._cluster = ""
+        self._identities = Identities(known)
+        self._renew: set = set()   # topics without an id found recreated by the loop
         self._thread = threading.Thread(target=self._run, name="partition-watcher", daemon=True)
 
     def start(self) -> "PartitionWatcher":
@@ -51,32 +110,108 @@ class PartitionWatcher:
             except queue.Empty:
                 return out
 
+    def wake(self) -> None:
+        """Look at the identities now (the loop saw a partition's offsets move back)."""
+        self._wake.set()
+
     def close(self, timeout: float = COMMITTED_TIMEOUT + 5) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout)
 
     def _run(self) -> None:
         client = Consumer(self.config)
+        admin = AdminClient(admin_config(self.config))
+        next_listing, woken = 0.0, False
         try:
             while not self._stop.is_set():
-                found = self._look(client)
+                listing = time.monotonic() >= next_listing
+                found = self._look(client, admin, listing, woken)
+                if listing and found.error is None:
+                    next_listing = time.monotonic() + self.interval
                 self._hand(found)
                 # (a failure, often a coordinator still loading at start, is retried soon)
-                self._stop.wait(self.interval if found.error is None else
-                                min(self.interval, RETRY_SECONDS))
+                woken = self._wake.wait(self.check if found.error is None else
+                                        min(self.check, RETRY_SECONDS))
+                self._wake.clear()
         finally:
             client.close()
 
-    def _look(self, client) -> Found:
+    def _look(self, client, admin, listing: bool, woken: bool) -> Found:
+        """The topics (when `listing`), the incarnations, and the ends (when listing or woken:
+        the ends cost a request per partition leader, the ids one)."""
+        started = time.monotonic()
         try:
-            counts = partition_counts(client)
-            new = sorted(self.owned(counts) - self._handed)
+            if listing or not self._counts:
+                self._list(client)
+            owned, ends, ids = self._identify(admin, listing or woken)
+            if not listing and (set(ids) != {t for t, _ in owned} or any(
+                    self._identities.known.get(t, inc) != inc for t, inc in ids.items()
+                    if inc != NO_INCARNATION)):
+                # a topic went, or came back as another: its partitions may be others now
+                listing = True
+                self._list(client)
+                owned, ends, ids = self._identify(admin, True)
+            unnamed = {t for t, inc in ids.items() if inc == NO_INCARNATION}
+            for t in unnamed:
+                ids[t] = self._fallback(client, t, owned, ends)
+            resets, gone = self._identities.update(ids)
+            forget = set(resets) | set(gone)
+            self._handed = {tp for tp in self._handed if tp[0] not in forget}
+            new = sorted(tp for tp in owned - self._handed if tp[0] in ids)
             committed = client.committed([TopicPartition(t, p) for t, p in new],
                                          timeout=COMMITTED_TIMEOUT) if new else []
         except KafkaException as exc:  # (a timeout too: tried again next time)
             return Found({}, [], str(exc))
+        stale = []
+        for tp in committed:
+            said, _ = identity.from_metadata(tp.metadata)
+            # After a reset only what was committed for the new incarnation counts: a broker
+            # that keeps no metadata (Tansu) may hold the old one's positions under the new.
+            if tp.offset >= 0 and (said not in (None, ids[tp.topic]) or
+                                   (tp.topic in resets and said is None)):
+                stale.append((tp.topic, tp.partition, tp.offset))
+                tp.offset = -1001  # OFFSET_INVALID: none
         self._handed.update((tp.topic, tp.partition) for tp in committed)
-        return Found(counts, committed, None)
+        confirmed = {tp: end for tp, end in ends.items() if tp[0] in ids and tp[0] not in resets}
+        return Found(dict(self._counts) if listing else {}, committed, None, self._cluster,
+                     ids, confirmed, resets, gone, stale, unnamed, started)
+
+    def _list(self, client) -> None:
+        md = client.list_topics(timeout=REQUEST_TIMEOUT)
+        self._cluster = md.cluster_id or ""
+        self._counts = {name: len(t.partitions) for name, t in md.topics.items()
+                        if t.error is None}
+
+    def _identify(self, admin, with_ends: bool) -> tuple:
+        """(owned pairs, their ends or {}, the incarnations of their topics), the ends asked
+        first."""
+        owned = self.owned(self._counts)
+        ends = end_offsets(admin, owned) if with_ends else {}
+        return owned, ends, topic_ids(admin, sorted({t for t, _ in owned}))
+
+    def _fallback(self, client, topic: str, owned: set, ends: dict) -> bytes:
+        """The incarnation of a topic whose broker gives no id (diode.kafka.identity): the one
+        already known; else the one its committed offsets name, if they are not past its
+        partitions' ends (a recreated topic starts again at 0); else a new one."""
+        known = self._identities.known.get(topic)
+        if topic in self._renew:
+            self._renew.discard(topic)
+        elif known is not None:
+            return known
+        else:
+            mine = [TopicPartition(t, p) for t, p in sorted(owned) if t == topic]
+            for tp in client.committed(mine, timeout=COMMITTED_TIMEOUT) if mine else []:
+                said, _ = identity.from_metadata(tp.metadata)
+                if said is not None and 0 <= tp.offset <= ends.get((topic, tp.partition), -1):
+                    return said
+        return identity.fallback(self._cluster, topic, str(int(time.time() * 1000)))
+
+    def renew(self, topic: str) -> None:
+        """A topic without a topic id whose offsets went back below what was read: it was
+        recreated; the next look gives it a new incarnation."""
+        self._renew.add(topic)
+        self._wake.set()
 
     def _hand(self, found: Found) -> None:
         while not self._stop.is_set():
@@ -85,3 +220,41 @@ class PartitionWatcher:
                 return
             except queue.Full:  # the loop is busy: it takes them in order when it can
                 continue
+
+
+def topic_ids(admin, topics: list) -> dict:
+    """topic -> incarnation (NO_INCARNATION where the broker gives no topic id) of those of
+    `topics` the cluster has; one that it does not have is left out."""
+    if not topics:
+        return {}
+    out = {}
+    futures = admin.describe_topics(TopicCollection(topics), request_timeout=REQUEST_TIMEOUT)
+    for topic, future in futures.items():
+        try:
+            out[topic] = identity.from_uuid(future.result(REQUEST_TIMEOUT + 5).topic_id)
+        except KafkaException as exc:
+            if exc.args[0].code() in UNKNOWN_TOPIC_CODES:
+                continue  # (deleted meanwhile)
+            raise
+    return out
+
+
+def end_offsets(admin, pairs) -> dict:
+    """(topic, partition) -> end offset (the next to be written). A partition the cluster no
+    longer has is left out."""
+    if not pairs:
+        return {}
+    futures = admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest()
+                                  for t, p in pairs}, request_timeout=REQUEST_TIMEOUT)
+    out = {}
+    for tp, future in futures.items():
+        try:
+            out[(tp.topic, tp.partition)] = future.result(REQUEST_TIMEOUT + 5).offset
+        except KafkaException as exc:
+            if exc.args[0].code() in UNKNOWN_TOPIC_CODES:
+                continue
+            raise
+    return out
+
+
+UNKNOWN_TOPIC_CODES = {3, 100}  # UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID

@@ -4,6 +4,8 @@ diode.link.runs), and which writer owns a source partition."""
 from typing import NamedTuple
 import zlib
 
+from diode.kafka.identity import NO_INCARNATION, text
+
 # confluent_kafka's TIMESTAMP_NOT_AVAILABLE, TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME
 TIMESTAMP_NOT_AVAILABLE = 0
 # prev_offset of a record sent again by `diode resend` (outside any chain)
@@ -25,15 +27,21 @@ class Record(NamedTuple):
     # for the first record of a chain (diode.accounting.ordering explains how gaps are found from
     # it), or RESEND.
     prev_offset: int = -1
+    # Which incarnation of the source partition it belongs to: 16 bytes, the source topic's id
+    # (diode.kafka.identity). Offsets mean something only within one incarnation.
+    incarnation: bytes = NO_INCARNATION
 
 
 def provenance_headers(record: Record) -> list:
-    """The record's own headers plus sourceTopic/sourcePartition/sourceOffset (UTF-8 strings)."""
+    """The record's own headers plus sourceTopic/sourcePartition/sourceOffset (UTF-8 strings)
+    and sourceTopicId (its incarnation, when known)."""
     return [
         *record.headers,
         ("sourceTopic", record.topic.encode()),
         ("sourcePartition", str(record.partition).encode()),
         ("sourceOffset", str(record.offset).encode()),
+        *([("sourceTopicId", text(record.incarnation).encode())]
+          if record.incarnation != NO_INCARNATION else []),
     ]
 
 

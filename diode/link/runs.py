@@ -2,8 +2,10 @@
 
 A run holds consecutive records of one source partition's chain (diode.accounting.ordering): record
 i's predecessor is record i-1, and the first record's is `prev` (-1 starts a chain; RESEND marks
-records sent again by `diode resend`, outside any chain). Its encoding is the wire format's
-(docs/wire-format.md): a fixed little-endian header, the topic, then the columns
+records sent again by `diode resend`, outside any chain). It names the incarnation of its source
+partition (diode.kafka.identity: the topic id), since offsets mean something only within one.
+Its encoding is the wire format's (docs/wire-format.md): a fixed little-endian header, the topic,
+then the columns
 
     offsets i64[n] | timestamps i64[n] | timestamp types u8[n] | key lengths i32[n]
     | value lengths i32[n] | [header counts i32[n] | header name lengths i32[h]
@@ -28,13 +30,14 @@ from itertools import accumulate, repeat
 from operator import add, itemgetter
 
 from diode.errors import RejectedDatagram
-from diode.link.records import RESEND, Record
+from diode.link.records import NO_INCARNATION, RESEND, Record
 
 FLAG_HEADERS = 1  # the run has header columns and blocks
 
-# length, topic length, flags, partition, partition count, count, prev, keys/values/headers bytes
-HEADER = struct.Struct("<IHBxiiiqIII")
-HEADER_BYTES = HEADER.size  # 40
+# length, topic length, flags, partition, partition count, count, prev, keys/values/headers bytes,
+# incarnation (16 bytes: the source topic's id)
+HEADER = struct.Struct("<IHBxiiiqIII16s")
+HEADER_BYTES = HEADER.size  # 56
 FIXED_PER_RECORD = 8 + 8 + 1 + 4 + 4  # offset, timestamp, type, key and value lengths
 _LITTLE = sys.byteorder == "little"
 
@@ -76,9 +79,10 @@ def _name(raw: bytes) -> str:
 
 def encode(topic: str, partition: int, partition_count: int, prev: int, offsets: array,
            timestamps: array, types: bytes, key_lens: array, value_lens: array, keys: bytes,
-           values: bytes, headers: tuple | None = None) -> bytes:
+           values: bytes, headers: tuple | None = None,
+           incarnation: bytes = NO_INCARNATION) -> bytes:
     """A run from its columns (arrays of native byte order; `headers` as header_columns
-    makes them; the blocks bytes or views of bytes)."""
+    makes them; the blocks bytes or views of bytes) of the source partition's `incarnation`."""
     t = topic.encode()
     n = len(offsets)
     parts = [b"", t, _le(offsets).tobytes(), _le(timestamps).tobytes(), bytes(types),
@@ -95,13 +99,15 @@ def encode(topic: str, partition: int, partition_count: int, prev: int, offsets:
     length = HEADER_BYTES + sum(map(len, parts))
     parts[0] = HEADER.pack(length, len(t), FLAG_HEADERS if headers is not None else 0,
                            partition, partition_count, n, prev, len(keys), len(values),
-                           header_bytes)
+                           header_bytes, incarnation)
     return b"".join(parts)
 
 
-def from_messages(topic: str, partition: int, partition_count: int, prev: int, msgs) -> bytes:
-    """A run from confluent_kafka Messages of one partition (in offset order). Columns are
-    read with map() over the Message class's own methods: no Python frame per record."""
+def from_messages(topic: str, partition: int, partition_count: int, prev: int, msgs,
+                  incarnation: bytes = NO_INCARNATION) -> bytes:
+    """A run from confluent_kafka Messages of one partition (in offset order) of the source
+    partition's `incarnation`. Columns are read with map() over the Message class's own
+    methods: no Python frame per record."""
     cls = type(msgs[0])
     stamps = list(map(cls.timestamp, msgs))
     keys = list(map(cls.key, msgs))
@@ -110,7 +116,7 @@ def from_messages(topic: str, partition: int, partition_count: int, prev: int, m
                   array("q", map(cls.offset, msgs)), array("q", map(itemgetter(1), stamps)),
                   bytes(map(itemgetter(0), stamps)), _lens(keys), _lens(values),
                   b"".join(filter(None, keys)), b"".join(filter(None, values)),
-                  header_columns(list(map(cls.headers, msgs))))
+                  header_columns(list(map(cls.headers, msgs))), incarnation)
 
 
 def from_records(records, partition_count: int = 1, prev: int | None = None) -> bytes:
@@ -122,7 +128,7 @@ def from_records(records, partition_count: int = 1, prev: int | None = None) -> 
         bytes([r.timestamp_type for r in records]), _lens([r.key for r in records]),
         _lens([r.value for r in records]), b"".join(r.key or b"" for r in records),
         b"".join(r.value or b"" for r in records),
-        header_columns([list(r.headers) for r in records]))
+        header_columns([list(r.headers) for r in records]), r0.incarnation)
 
 
 def encode_records(records, partition_counts: dict | None = None) -> bytes:
@@ -131,8 +137,10 @@ def encode_records(records, partition_counts: dict | None = None) -> bytes:
     while i < len(records):
         j = i + 1
         resend = records[i].prev_offset == RESEND
-        while j < len(records) and (records[j].topic, records[j].partition) == \
-                (records[i].topic, records[i].partition) and records[j].prev_offset == \
+        while j < len(records) and (records[j].topic, records[j].partition,
+                                    records[j].incarnation) == \
+                (records[i].topic, records[i].partition, records[i].incarnation) and \
+                records[j].prev_offset == \
                 (RESEND if resend else records[j - 1].offset):
             j += 1
         count = (partition_counts or {}).get(records[i].topic, records[i].partition + 1)
@@ -186,11 +194,11 @@ class Run:
     """A decoded run: columns as arrays, the byte blocks as slices of the received buffer."""
 
     __slots__ = ("topic", "partition", "partition_count", "prev", "offsets", "timestamps",
-                 "types", "key_lens", "value_lens", "keys", "values", "headers", "_key_pos",
-                 "_value_pos", "_header_pos", "_own", "origin")
+                 "types", "key_lens", "value_lens", "keys", "values", "headers", "incarnation",
+                 "_key_pos", "_value_pos", "_header_pos", "_own", "origin")
 
     def __init__(self, topic, partition, partition_count, prev, offsets, timestamps, types,
-                 key_lens, value_lens, keys, values, headers=None):
+                 key_lens, value_lens, keys, values, headers=None, incarnation=NO_INCARNATION):
         self.topic = topic
         self.partition = partition
         self.partition_count = partition_count
@@ -203,6 +211,7 @@ class Run:
         self.keys = keys
         self.values = values
         self.headers = headers  # (counts, name lengths, value lengths, names, values) or None
+        self.incarnation = incarnation  # 16 bytes: the source partition's (its topic id)
         self._key_pos = self._value_pos = self._header_pos = self._own = None
         # Where the receiver got it (set by the kafka_writer): (journal position, reader clock
         # when it was read, whether it came again from the journal); parts of it keep it.
@@ -215,7 +224,8 @@ class Run:
         records' headers are decoded too, to be checked. `trusted`: a run this process's own
         side made (the packer cutting a reader's run) is not checked record by record."""
         try:
-            length, tlen, flags, partition, pcount, n, prev, kb, vb, hb = HEADER.unpack_from(buf)
+            length, tlen, flags, partition, pcount, n, prev, kb, vb, hb, inc = \
+                HEADER.unpack_from(buf)
             if length != len(buf) or n <= 0 or n > max_records or partition < 0 or \
                     pcount < 1 or prev < RESEND or flags & ~FLAG_HEADERS:
                 raise ValueError("inconsistent run header")
@@ -256,7 +266,7 @@ class Run:
                 headers = (counts, name_lens, hvalue_lens, buf[start:start + nb],
                            buf[start + nb:length])
             run = cls(topic, partition, pcount, prev, offsets, timestamps, types, key_lens,
-                      value_lens, keys, values, headers)
+                      value_lens, keys, values, headers, inc)
             if not trusted:
                 run.header_lists()  # a malformed header name is this run's rejection
         except RejectedDatagram:
@@ -317,7 +327,8 @@ class Run:
                    array("i", [self.value_lens[i] for i in indices]),
                    b"".join(keys[i] or b"" for i in indices),
                    b"".join(values[i] or b"" for i in indices),
-                   header_columns([own[i] for i in indices]) if own is not None else None)
+                   header_columns([own[i] for i in indices]) if own is not None else None,
+                   self.incarnation)
         part.origin = self.origin
         return part
 
@@ -339,7 +350,7 @@ class Run:
         return Run(self.topic, self.partition, self.partition_count, prev,
                    self.offsets[a:b], self.timestamps[a:b], self.types[a:b],
                    self.key_lens[a:b], self.value_lens[a:b],
-                   self.keys[kp[a]:kp[b]], self.values[vp[a]:vp[b]], headers)
+                   self.keys[kp[a]:kp[b]], self.values[vp[a]:vp[b]], headers, self.incarnation)
 
     def split_at(self, i: int) -> tuple["Run", "Run"]:
         """(records before i, records from i): the second's prev is the first's last."""
@@ -350,7 +361,7 @@ class Run:
         return encode(self.topic, self.partition, self.partition_count, self.prev,
                       array("q", self.offsets), array("q", self.timestamps), self.types,
                       array("i", self.key_lens), array("i", self.value_lens), self.keys,
-                      self.values, self.headers)
+                      self.values, self.headers, self.incarnation)
 
     def record_sizes(self) -> list:
         """Each record's share of the encoding, in bytes."""
@@ -372,7 +383,7 @@ class Run:
         """The run as Records (tests and rare paths only: this is per-record work)."""
         headers = self.header_lists() or [()] * len(self)
         prevs = [self.prev, *self.offsets[:-1]] if not self.resend else [RESEND] * len(self)
-        return [Record(self.topic, self.partition, o, t, ty, k, v, tuple(h), p)
+        return [Record(self.topic, self.partition, o, t, ty, k, v, tuple(h), p, self.incarnation)
                 for o, t, ty, k, v, h, p in zip(self.offsets, self.timestamps, self.types,
                                                 self.key_list(), self.value_list(), headers,
                                                 prevs)]

@@ -18,7 +18,7 @@ from diode.errors import RejectedDatagram
 from diode.link.replay import ReplayWindow
 
 MAGIC = b"\xd1\x0d"
-VERSION = 2  # 1: per-record Avro batches (before columnar runs), rejected as bad_version
+VERSION = 3  # 1: per-record Avro batches; 2: runs without their source incarnation (rejected)
 KIND_DATA = 1
 KIND_HEARTBEAT = 2
 KIND_FRAGMENT = 3
@@ -129,12 +129,17 @@ HEARTBEAT_SCHEMA = fastavro.parse_schema({
         {"name": "reader", "type": "int"},
         {"name": "time_ms", "type": "long"},
         {"name": "interval_ms", "type": "long"},
+        {"name": "cluster", "type": "string"},
         {"name": "partitions", "type": {"type": "array", "items": {
             "type": "record", "name": "Claim", "fields": [
                 {"name": "topic", "type": "string"},
                 {"name": "partition", "type": "int"},
+                {"name": "incarnation", "type": {"type": "fixed", "name": "Incarnation",
+                                                 "size": 16}},
                 {"name": "chain_start", "type": "long"},
-                {"name": "last_sent", "type": "long"}]}}},
+                {"name": "last_sent", "type": "long"},
+                {"name": "end", "type": "long"},
+                {"name": "retired", "type": "boolean"}]}}},
         {"name": "counters", "type": {"type": "map", "values": "long"}},
     ],
 })
@@ -146,14 +151,17 @@ def encode_heartbeat(beat: dict) -> bytes:
     fastavro.schemaless_writer(out, HEARTBEAT_SCHEMA, {
         "reader": beat["reader"], "time_ms": beat["time_ms"],
         "interval_ms": int(beat["interval_ms"]), "counters": beat.get("counters", {}),
-        "partitions": [{"topic": t, "partition": p, "chain_start": s, "last_sent": last}
-                       for t, p, s, last in beat["partitions"]]})
+        "cluster": beat.get("cluster", ""),
+        "partitions": [{"topic": t, "partition": p, "incarnation": inc, "chain_start": s,
+                        "last_sent": last, "end": end, "retired": retired}
+                       for t, p, inc, s, last, end, retired in beat["partitions"]]})
     return out.getvalue()
 
 
 def decode_heartbeat(payload: bytes) -> dict:
-    """A heartbeat: {"reader", "time_ms", "interval_ms", "partitions": [(topic, partition,
-    chain_start, last_sent), ...], "counters": {...}}. Raises RejectedDatagram."""
+    """A heartbeat: {"reader", "time_ms", "interval_ms", "cluster", "partitions": [(topic,
+    partition, incarnation, chain_start, last_sent, end, retired), ...], "counters": {...}}.
+    Raises RejectedDatagram."""
     try:
         reader = io.BytesIO(payload)
         beat = fastavro.schemaless_reader(reader, HEARTBEAT_SCHEMA)
@@ -161,7 +169,7 @@ def decode_heartbeat(payload: bytes) -> dict:
             raise ValueError("trailing bytes")
     except Exception as exc:  # fastavro raises many types on malformed input
         raise RejectedDatagram("decode_failed", f"heartbeat: {type(exc).__name__}") from None
-    beat["partitions"] = [(c["topic"], c["partition"], c["chain_start"], c["last_sent"])
-                          for c in beat["partitions"]]
+    beat["partitions"] = [(c["topic"], c["partition"], c["incarnation"], c["chain_start"],
+                           c["last_sent"], c["end"], c["retired"]) for c in beat["partitions"]]
     beat["interval_ms"] = float(beat["interval_ms"])
     return beat

@@ -6,8 +6,10 @@ Each writer keeps one file, `checkpoint-<index>.json` in receiver.journal.dir, r
 - `low_water`: a journal position below which every datagram this writer may have needed is
   written to the destination, reported missing, or a duplicate; the journal is replayed from the
   lowest low water of all writers after any restart;
-- `partitions`: per source partition, the ordering state a restart resumes from
-  (diode.accounting.ordering.PartitionState.checkpoint);
+- `partitions`: per incarnation of each source partition (its topic id, diode.kafka.identity),
+  the ordering state a restart resumes from (diode.accounting.ordering.PartitionState.checkpoint),
+  with `incarnation` in text and `current`: false for one a newer incarnation replaced (kept so
+  that copies of its records are still told apart);
 - `writers`: how many writers there were, so a restart with a different count still finds every
   partition's state (each writer takes the partitions it now owns from every file);
 - `time_ms`: when it was written (the missing-records topic is read back from about then).
@@ -17,35 +19,24 @@ import json
 import logging
 import os
 
+from diode.runtime import files
+
 log = logging.getLogger("diode.runtime.checkpoints")
 
-VERSION = 1
+VERSION = 2  # 1: states per source partition, without incarnations (not used: see load)
 
 
 def path(directory: str, index: int) -> str:
     return os.path.join(directory, f"checkpoint-{index}.json")
 
 
-def save(directory: str, index: int, low_water: int, partitions: dict, writers: int,
+def save(directory: str, index: int, low_water: int, partitions: list, writers: int,
          time_ms: int, sync: bool) -> None:
-    """Replace writer `index`'s checkpoint; `partitions` maps (topic, partition) to state."""
+    """Replace writer `index`'s checkpoint; `partitions` is [topic, partition, state] of every
+    incarnation of every source partition the writer holds."""
     data = {"version": VERSION, "writer": index, "writers": writers, "low_water": low_water,
-            "time_ms": time_ms,
-            "partitions": [[t, p, s] for (t, p), s in partitions.items()]}
-    final = path(directory, index)
-    aside = final + ".new"
-    with open(aside, "w") as f:
-        json.dump(data, f, separators=(",", ":"))
-        if sync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(aside, final)
-    if sync:
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            "time_ms": time_ms, "partitions": [list(entry) for entry in partitions]}
+    files.replace_json(path(directory, index), data, sync)
 
 
 def load(directory: str, index: int) -> dict | None:
@@ -58,6 +49,10 @@ def load(directory: str, index: int) -> dict | None:
         return None
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{path(directory, index)}: {exc}") from None
+    if data.get("version") == 1:
+        raise CheckpointError(f"{path(directory, index)}: written by an earlier diode, whose "
+                              "states do not name the source incarnation they belong to; not "
+                              "used (the destination's provenance headers are)")
     if data.get("version") != VERSION:
         raise CheckpointError(f"{path(directory, index)}: version {data.get('version')}, "
                               f"not {VERSION}")

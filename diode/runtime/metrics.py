@@ -129,6 +129,10 @@ CATALOG = {
                            "receiver.dead.letter.topic"),
     "refused_records": Metric("counter", ("kafka_writer",), "Records the destination refused "
                               "for good"),
+    "source_resets": Metric("counter", ("kafka_reader", "kafka_writer"), "New incarnations of "
+                            "a source partition (its topic recreated, its cluster rebuilt): "
+                            "seen by the reader, which reads it from its start; taken up by "
+                            "the writer, which reports what the old one left open"),
     "reorder_wait_widened": Metric("counter", ("kafka_writer",), "Times a late fill widened a "
                                    "partition's reorder wait"),
     "link_silent": Metric("gauge", ("kafka_writer",), "1 while no heartbeat comes"),

@@ -28,7 +28,7 @@ from enum import Enum
 import setproctitle
 
 from diode.link import crypto
-from diode.runtime import exporter, launches, worker
+from diode.runtime import exporter, launches, statedir, worker
 from diode.kafka import brokers as embedded
 from diode.kafka.clients import client_settings
 from diode.errors import DiodeError
@@ -142,6 +142,10 @@ class Supervisor:
             self.secrets = load_secrets(self.t)
             for side in self.sides:  # a Kafka secret that cannot be read: say so now, once
                 client_settings(self.t, side)
+            r = self.t.receiver
+            if "receiver" in self.sides and r.journal_enabled:
+                # another flow's journal and checkpoints: refused before anything starts
+                statedir.claim(self.t, self.t.resolve(r.journal_dir), r.reset_state, log)
             embedded.start_all(self.brokers)
             for stage in dict.fromkeys(w.spec.stage for w in self.workers):
                 self.inherited[stage] = worker.stage_class(stage).prepare(self.t, log)

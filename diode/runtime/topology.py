@@ -214,6 +214,11 @@ class SenderSettings:
         "receiver's max.record.bytes must be at least as large.", between(1024, 1 << 30))
     refresh_topics_interval_seconds: float = setting(
         5.0, "How often readers look for new topics and partitions.", positive)
+    identity_check_interval_ms: float = setting(
+        1000.0, "How often readers check each source topic's incarnation (its topic id) and "
+        "each partition's end. A topic recreated (or a cluster rebuilt) is seen within this "
+        "time and read again from its first record; records of the new topic read before are "
+        "labelled with the old one (docs/operations.md, \"Source identity\").", positive)
     offset_commit_interval_ms: int = setting(1000, "How often readers commit the sent "
                                              "prefix to the source cluster.", positive)
     max_inflight_records: int = setting(50000, "Records a reader may have read but not yet "
@@ -309,6 +314,8 @@ class ReceiverSettings:
                            "kafka_writer. Each maps to instances and cpus.",
                            example={"unpacker": {"instances": 2}})
     metrics_listen: str = metrics_listen()
+    # Not a setting: `diode launch --reset-state` discards the state in journal.dir first.
+    reset_state: bool = False
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ acts on it.
 """
 
 import ctypes
+import faulthandler
 import gc
 import importlib
 import logging
@@ -224,6 +225,8 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherit
         flags["rewind"] = True
 
     signal.signal(signal.SIGTERM, on_stop)
+    # A crash in a C extension (librdkafka, zfec) leaves its Python stacks in the log.
+    faulthandler.enable(all_threads=True)
     # Ctrl-C reaches the whole process group; the supervisor drains the stages in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, on_rewind)

@@ -68,9 +68,9 @@ def _source_rows(src: DataFrame) -> DataFrame:
 
 def _destination_rows(dst: DataFrame, written_at: str) -> DataFrame:
     """(KEY, dDigest, crcBad, writtenAt, dTimestamp) of the destination's rows: the digest over
-    the record as the source had it (the receiver appends provenance, 3 headers, then
-    `written_at`; the rest are the source's own, in order)."""
-    added = 4 if written_at else 3
+    the record as the source had it (the receiver appends provenance, 4 headers: Confluent's
+    three and sourceTopicId, then `written_at`; the rest are the source's own, in order)."""
+    added = 5 if written_at else 4
     own = F.slice("headers", F.lit(1), F.greatest(F.size("headers") - added, F.lit(0)))
     crc = F.try_element_at(F.filter(own, lambda h: h["key"] == F.lit(CRC_HEADER)),
                            F.lit(1))["value"].cast("string")

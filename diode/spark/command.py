@@ -36,9 +36,9 @@ def audit_once(args) -> int:
     from pyspark import StorageLevel
 
     from diode.spark.kafka_source import choose_format
-    from diode.spark.verify import (audit, compare, extract, extract_heartbeats, latency,
-                                    manifest, pattern_of, provenance, report, say, session,
-                                    table)
+    from diode.spark.verify import (audit, compare, extract, extract_heartbeats,
+                                    extract_topic_ids, latency, manifest, pattern_of,
+                                    provenance, report, say, session, table)
     started = time.monotonic()
     say(f"starting Spark ({args.master or 'spark-submit master or local[*]'})")
     spark = session(args.master, source=args.format)
@@ -63,8 +63,10 @@ def audit_once(args) -> int:
                 f"{len(topics)} topics")
             source = extract(spark, args.source_bootstrap,
                              "|".join(re.escape(t) for t in topics) or "(?!)", args.format)
-            rep["comparison"] = [r.asDict() for r in
-                                 compare(source, rows, args.written_at_header).collect()]
+            # (the source holds only its topics' current incarnations: compared with those)
+            current = extract_topic_ids(args.source_bootstrap, topics)
+            rep["comparison"] = [r.asDict() for r in compare(
+                source, rows, args.written_at_header, current).collect()]
             rep["totals"].update({k: sum(r[k] for r in rep["comparison"])
                                   for k in ("lost", "duplicated", "altered")})
         p.unpersist()

@@ -2,12 +2,13 @@
 
 A Structured Streaming query reads the destination topics (and the heartbeat topic, for the
 missing tail) in micro-batches of at most `--max-offsets-per-trigger` records. Each batch is
-reduced on Spark to a small summary per source partition (runs of consecutive source offsets,
-record and out-of-order counts, latency); the driver folds it into one `PartitionLedger` per
-source partition (diode.accounting.ledger) and writes an event for every newly missing range and
-every later fill, to a Kafka topic and/or Parquet. The ledgers are saved in the checkpoint
-directory after each batch, beside Spark's own checkpoint, so a restarted audit carries on
-without reporting a range twice; a batch Spark replays after a crash is recognised by its id.
+reduced on Spark to a small summary per incarnation of a source partition (diode.spark.verify
+SOURCE: topic, partition and topic id; runs of consecutive source offsets, record and
+out-of-order counts, latency); the driver folds it into one `PartitionLedger` per incarnation
+(diode.accounting.ledger) and writes an event for every newly missing range and every later
+fill, to a Kafka topic and/or Parquet. The ledgers are saved in the checkpoint directory after
+each batch, beside Spark's own checkpoint, so a restarted audit carries on without reporting a
+range twice; a batch Spark replays after a crash is recognised by its id.
 Events are written before the ledger is saved: after a crash, a batch's events may be written
 twice (at least once).
 """
@@ -25,8 +26,8 @@ from diode.accounting.ledger import PartitionLedger
 from diode.spark.verify import (_quantiles, claims, kafka_reader, pattern_of, provenance, say,
                                 session, summarize)
 
-EVENT_SCHEMA = ("type string, sourceTopic string, sourcePartition int, firstOffset long, "
-                "lastOffset long, reason string, detectedAt long, batch long")
+EVENT_SCHEMA = ("type string, sourceTopic string, sourcePartition int, sourceTopicId string, "
+                "firstOffset long, lastOffset long, reason string, detectedAt long, batch long")
 
 
 # -- the driver's side: ledgers, events, checkpoint ----------------------------------------------
@@ -43,7 +44,8 @@ class StreamAudit:
             with open(self.path) as f:
                 saved = json.load(f)
             self.batch_id = saved["batch"]
-            self.ledgers = {(e["topic"], e["partition"]):
+            # (a ledger saved before topic ids names none: its partitions' null incarnation)
+            self.ledgers = {(e["topic"], e["partition"], e.get("topicId")):
                             PartitionLedger.from_json(e["ledger"], **self.settings)
                             for e in saved["partitions"]}
             say(f"carrying on from batch {self.batch_id}: {len(self.ledgers)} source "
@@ -62,8 +64,8 @@ class StreamAudit:
         known = None
         if self.ledgers:
             known = self.spark.createDataFrame(
-                [(t, pt, led.last) for (t, pt), led in self.ledgers.items()],
-                "sourceTopic string, sourcePartition int, last long")
+                [(*key, led.last) for key, led in self.ledgers.items()],
+                "sourceTopic string, sourcePartition int, sourceTopicId string, last long")
         total = slim.count()
         # a batch cut short by maxOffsetsPerTrigger means the audit is still catching up
         caught_up = total < self.args.max_offsets_per_trigger
@@ -73,19 +75,17 @@ class StreamAudit:
         slim.unpersist()
         now = int(time.time() * 1000)
         for r in rows:
-            self._ledger(r.sourceTopic, r.sourcePartition).add(
+            self._ledger(r.sourceTopic, r.sourcePartition, r.sourceTopicId).add(
                 [(x.first, x.last) for x in r.runs], r.records, r.outOfOrder, r.written,
                 r.destinationFirst)
-        for b in beats:
-            self._ledger(b.sourceTopic, b.sourcePartition).claim(b.lastSent, b.receivedAt, now,
-                                                                 b.firstSent)
+        for b in beats:  # (a claim counts for the incarnation it names)
+            self._ledger(b.sourceTopic, b.sourcePartition, b.sourceTopicId).claim(
+                b.lastSent, b.receivedAt, now, b.firstSent)
         events = []
-        for (topic, partition), led in sorted(self.ledgers.items()):
+        for key, led in self._sorted():
             missing, filled = led.settle(now, caught_up)
-            events += [self._event("missing", topic, partition, r, now, batch_id)
-                       for r in missing]
-            events += [self._event("filled", topic, partition, r, now, batch_id)
-                       for r in filled]
+            events += [self._event("missing", key, r, now, batch_id) for r in missing]
+            events += [self._event("filled", key, r, now, batch_id) for r in filled]
         for sink in self.sinks:
             sink(events)
         self._save(batch_id)
@@ -96,24 +96,29 @@ class StreamAudit:
         for sink in self.sinks:
             sink.close()
 
-    def _ledger(self, topic: str, partition: int) -> PartitionLedger:
-        key = (topic, partition)
+    def _ledger(self, topic: str, partition: int, topic_id: str | None) -> PartitionLedger:
+        key = (topic, partition, topic_id)
         if key not in self.ledgers:
             self.ledgers[key] = PartitionLedger(**self.settings)
         return self.ledgers[key]
 
+    def _sorted(self) -> list:
+        """(key, ledger) by topic, partition and topic id (the null one first)."""
+        return sorted(self.ledgers.items(), key=lambda kv: (kv[0][:2], kv[0][2] or ""))
+
     @staticmethod
-    def _event(kind, topic, partition, r, now, batch_id) -> dict:
+    def _event(kind, key, r, now, batch_id) -> dict:
+        topic, partition, topic_id = key
         return {"type": kind, "sourceTopic": topic, "sourcePartition": partition,
-                "firstOffset": r[0], "lastOffset": r[1], "reason": "audit",
-                "detectedAt": now, "batch": batch_id}
+                "sourceTopicId": topic_id, "firstOffset": r[0], "lastOffset": r[1],
+                "reason": "audit", "detectedAt": now, "batch": batch_id}
 
     def _save(self, batch_id: int) -> None:
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
             json.dump({"batch": batch_id, "partitions": [
-                {"topic": t, "partition": p, "ledger": led.to_json()}
-                for (t, p), led in sorted(self.ledgers.items())]}, f)
+                {"topic": t, "partition": p, "topicId": i, "ledger": led.to_json()}
+                for (t, p, i), led in self._sorted()]}, f)
         os.replace(tmp, self.path)  # atomic: a crash leaves the old ledger or the new one
         if self.args.json:
             tmp = self.args.json + ".tmp"
@@ -122,12 +127,13 @@ class StreamAudit:
             os.replace(tmp, self.args.json)
 
     def report(self) -> dict:
-        parts = [{"sourceTopic": t, "sourcePartition": p, "records": led.records,
-                  "duplicates": led.duplicates, "outOfOrder": led.out_of_order,
+        parts = [{"sourceTopic": t, "sourcePartition": p, "sourceTopicId": i,
+                  "records": led.records, "duplicates": led.duplicates,
+                  "outOfOrder": led.out_of_order,
                   "last": led.last, "settled": led.settled,
                   "missing": sum(b - a + 1 for a, b in led.reported) + led.settled,
                   "missingRanges": [{"first": a, "last": b} for a, b in led.reported]}
-                 for (t, p), led in sorted(self.ledgers.items())]
+                 for (t, p, i), led in self._sorted()]
         return {"batch": self.batch_id, "partitions": parts,
                 "totals": {k: sum(r[k] for r in parts)
                            for k in ("records", "duplicates", "outOfOrder", "missing")}}

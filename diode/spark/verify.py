@@ -2,10 +2,12 @@
 
 On the low side nobody can ask the sender what it sent, so the audit works from what the
 destination holds: the provenance headers of every record (sourceTopic, sourcePartition,
-sourceOffset) and, when the receiver records them, the sender's heartbeats (the last offset sent
-per partition). Per source partition it reports records, distinct offsets, duplicates, missing
-offset ranges, out-of-order arrivals and end-to-end latency. `--stream` keeps auditing
-(diode.spark.stream).
+sourceOffset, sourceTopicId) and, when the receiver records them, the sender's heartbeats (the
+last offset sent per partition). Per incarnation of a source partition (diode.kafka.identity:
+offsets mean something only within one, and a recreated topic starts again at 0) it reports
+records, distinct offsets, duplicates, missing offset ranges, out-of-order arrivals and
+end-to-end latency. Records of a diode older than topic ids carry no sourceTopicId: theirs is
+the null incarnation, audited as one. `--stream` keeps auditing (diode.spark.stream).
 
 Extract, transform and load are separate functions; `provenance` and `audit` (the transform)
 are pure DataFrame -> DataFrame functions with known-answer tests.
@@ -78,26 +80,33 @@ def kafka_reader(reader, spark: SparkSession, bootstrap: str, mode: str):
 
 def extract_heartbeats(spark: SparkSession, bootstrap: str, topic: str,
                        mode: str = "auto") -> DataFrame:
-    """(sourceTopic, sourcePartition, firstSent, lastSent) from receiver.heartbeat.topic: where
-    the sender's earliest chain started and the highest offset it said it had sent."""
-    rows = kafka_reader(spark.read, spark, bootstrap, mode).option("subscribe", topic).load()
-    sent = F.from_json(F.col("value").cast("string"),
-                       "struct<lastSent: array<struct<topic: string, partition: int, "
-                       "offset: long, chainStart: long>>>")
-    return (rows.select(F.explode(sent["lastSent"]).alias("s"))
-            .groupBy(F.col("s.topic").alias("sourceTopic"),
-                     F.col("s.partition").alias("sourcePartition"))
-            .agg(F.min("s.chainStart").alias("firstSent"), F.max("s.offset").alias("lastSent")))
+    """The heartbeats of receiver.heartbeat.topic as `claims`: per incarnation, where the
+    sender's earliest chain started and the highest offset it said it had sent."""
+    return claims(kafka_reader(spark.read, spark, bootstrap, mode).option("subscribe", topic)
+                  .load())
+
+
+def extract_topic_ids(bootstrap: str, topics: list) -> dict:
+    """topic -> its topic id now (text, as sourceTopicId holds it) on the cluster at
+    `bootstrap`, for `compare`; topics it does not have, or of a broker without topic ids, are
+    left out."""
+    from confluent_kafka.admin import AdminClient
+
+    from diode.kafka import identity
+    from diode.kafka.refresh import topic_ids
+    ids = topic_ids(AdminClient({"bootstrap.servers": bootstrap}), topics)
+    return {t: identity.text(i) for t, i in ids.items() if i != identity.NO_INCARNATION}
 
 
 # -- transform -----------------------------------------------------------------------------------
 
 def provenance(rows: DataFrame, written_at: str = "writtenAt") -> DataFrame:
     """Destination rows reduced to what the audit needs: where each record sits (topic, partition,
-    offset), where it came from (sourceTopic, sourcePartition, sourceOffset), when the
-    receiver wrote it (writtenAt, ms) and its end-to-end latency in ms (the `written_at`
-    header, receiver.written.at.header, minus the source timestamp the record kept; null
-    without the header). Rows without provenance (not written by diode) are left out."""
+    offset), where it came from (sourceTopic, sourcePartition, sourceOffset, and the incarnation
+    sourceTopicId: null for records of a diode older than topic ids), when the receiver wrote
+    it (writtenAt, ms) and its end-to-end latency in ms (the `written_at` header,
+    receiver.written.at.header, minus the source timestamp the record kept; null without the
+    header). Rows without provenance (not written by diode) are left out."""
     stamp = _header(written_at, "long") if written_at else F.lit(None).cast("long")
     return rows.select(
         "topic", "partition", "offset", *_origin(),
@@ -107,10 +116,21 @@ def provenance(rows: DataFrame, written_at: str = "writtenAt") -> DataFrame:
 
 
 def _origin() -> list:
-    """sourceTopic, sourcePartition, sourceOffset columns from the provenance headers."""
+    """sourceTopic, sourcePartition, sourceOffset, sourceTopicId columns from the provenance
+    headers (sourceTopicId null when absent)."""
     return [_header("sourceTopic", "string").alias("sourceTopic"),
             _header("sourcePartition", "int").alias("sourcePartition"),
-            _header("sourceOffset", "long").alias("sourceOffset")]
+            _header("sourceOffset", "long").alias("sourceOffset"),
+            _incarnation().alias("sourceTopicId")]
+
+
+def _incarnation():
+    """The sourceTopicId of the nearest provenance: the header after its sourceOffset. A record
+    whose nearest diode was older than topic ids has none, whatever an upstream diode's headers
+    say."""
+    last = F.try_element_at(
+        F.filter("headers", lambda h: h["key"].isin("sourceOffset", "sourceTopicId")), F.lit(-1))
+    return F.when(last["key"] == F.lit("sourceTopicId"), last["value"].cast("string"))
 
 
 def _header(name: str, kind: str):
@@ -133,67 +153,87 @@ def _latency_columns(agg: str = "q") -> list:
 
 
 def audit(p: DataFrame, heartbeats: DataFrame | None = None) -> DataFrame:
-    """Per source partition, from `provenance` rows: records, distinct offsets, duplicates,
-    first and last offsets, missing ranges, out-of-order arrivals (a record written after a
-    later one of its partition), and latency percentiles and maximum in ms.
+    """Per incarnation of a source partition (SOURCE), from `provenance` rows: records, distinct
+    offsets, duplicates, first and last offsets, missing ranges, out-of-order arrivals (a record
+    written after a later one of its incarnation), and latency percentiles and maximum in ms.
 
-    Spark reduces the rows to a summary per source partition (`summarize`: runs of consecutive
+    Spark reduces the rows to a summary per incarnation (`summarize`: runs of consecutive
     offsets, so its size is the number of holes); the missing ranges are then judged by the
     same ledger the streaming audit keeps (diode.accounting.ledger: holes between runs, a lost
     tail up to what the heartbeats claim, a lost head from where the sender's chain started
     unless the destination partition no longer starts at offset 0), one set of rules for both.
+    A heartbeat claim counts for the incarnation it names (`claims`); one without a topic id,
+    from a receiver older than topic ids, for the records without one.
     Offsets of compacted topics are not contiguous: there a hole may be a record that never
     existed; `compare` against the source cluster settles it."""
     from diode.accounting.ledger import PartitionLedger
     spark = p.sparkSession
-    key = ("sourceTopic", "sourcePartition")
-    said = {(c.sourceTopic, c.sourcePartition): c for c in
+    said = {(c.sourceTopic, c.sourcePartition, c.sourceTopicId): c for c in
             (heartbeats.collect() if heartbeats is not None else [])}
     rows = []
     for r in summarize(p).collect():
         runs = sorted((x.first, x.last) for x in r.runs)
         ledger = PartitionLedger(grace_ms=0)
         ledger.add(runs, r.records, r.outOfOrder, destination_first=r.destinationFirst)
-        c = said.get((r.sourceTopic, r.sourcePartition))
+        c = said.get((r.sourceTopic, r.sourcePartition, r.sourceTopicId))
         if c is not None:
             ledger.claim(c.lastSent, None, 0, c.firstSent)
         missing, _ = ledger.settle(0, caught_up=True)
         distinct = sum(b - a + 1 for a, b in runs)
         q = r.q or [None] * 3
-        rows.append((r.sourceTopic, r.sourcePartition, r.records, distinct,
+        rows.append((r.sourceTopic, r.sourcePartition, r.sourceTopicId, r.records, distinct,
                      r.records - distinct, runs[0][0], runs[-1][1],
                      sum(b - a + 1 for a, b in missing),
                      [{"first": a, "last": b} for a, b in missing], r.outOfOrder,
                      q[0], q[1], q[2], r.latencyMax))
-    return spark.createDataFrame(rows, AUDIT_SCHEMA).orderBy(*key)
+    return spark.createDataFrame(rows, AUDIT_SCHEMA).orderBy(*SOURCE)
 
 
-AUDIT_SCHEMA = (f"sourceTopic string, sourcePartition int, records long, distinct long, "
-                f"duplicates long, first long, last long, missing long, missingRanges {MISSING}, "
-                "outOfOrder long, latencyP50 long, latencyP90 long, latencyP99 long, "
-                "latencyMax long")
+AUDIT_SCHEMA = (f"sourceTopic string, sourcePartition int, sourceTopicId string, records long, "
+                f"distinct long, duplicates long, first long, last long, missing long, "
+                f"missingRanges {MISSING}, outOfOrder long, latencyP50 long, latencyP90 long, "
+                "latencyP99 long, latencyMax long")
 
 
-SOURCE = ["sourceTopic", "sourcePartition"]
+# An incarnation of a source partition: what offsets are counted within (sourceTopicId null
+# for the records of a diode older than topic ids, one incarnation of their own)
+SOURCE = ["sourceTopic", "sourcePartition", "sourceTopicId"]
+
+
+def by_source(left: DataFrame, right: DataFrame, how: str = "inner") -> DataFrame:
+    """`left` joined with `right` on SOURCE, a null sourceTopicId matching a null one (an equi
+    join drops null keys)."""
+    theirs = right.select(*[F.col(c).alias(f"_{c}") for c in SOURCE],
+                          *[c for c in right.columns if c not in SOURCE])
+    return left.join(theirs, [left[c].eqNullSafe(theirs[f"_{c}"]) for c in SOURCE], how) \
+        .drop(*[f"_{c}" for c in SOURCE])
 
 
 def summarize(p: DataFrame, known: DataFrame | None = None) -> DataFrame:
-    """Per source partition of one micro-batch (`provenance` rows): runs of consecutive
-    distinct source offsets, records, out-of-order arrivals (after a later record of this batch
-    or, given `known` (sourceTopic, sourcePartition, last), of an earlier batch), latency
-    percentiles. Its size is the number of holes, not of records."""
+    """Per incarnation of a source partition in one micro-batch (`provenance` rows): runs of
+    consecutive distinct source offsets, records, out-of-order arrivals (after a later record of
+    this batch or, given `known` (SOURCE, last), of an earlier batch), latency percentiles, and
+    the lowest offset of the destination partition it was written to (destinationFirst). Its
+    size is the number of holes, not of records."""
     arrival = Window.partitionBy("topic", "partition", *SOURCE).orderBy("offset")
     late = p.withColumn("prevMax", F.max("sourceOffset").over(
         arrival.rowsBetween(Window.unboundedPreceding, -1)))
     if known is not None:
-        late = late.join(F.broadcast(known), SOURCE, "left") \
+        late = by_source(late, F.broadcast(known), "left") \
             .withColumn("prevMax", F.greatest("prevMax", "last"))
     counts = late.groupBy(*SOURCE).agg(
         F.count("*").alias("records"),
         F.sum(F.when(F.col("sourceOffset") < F.col("prevMax"), 1).otherwise(0))
         .alias("outOfOrder"),
         _quantiles().alias("q"), F.max("latencyMs").alias("latencyMax"),
-        F.max("writtenAt").alias("written"), F.min("offset").alias("destinationFirst"))
+        F.max("writtenAt").alias("written"))
+    # Of the whole destination partition, not of this incarnation's records (above 0,
+    # retention removed records there and a lost head cannot be judged): a recreated topic's
+    # new incarnation is written after the old one's records, in the same partition.
+    placed = p.groupBy("topic", "partition", *SOURCE).agg(F.min("offset").alias("from"))
+    starts = (placed.withColumn("start", F.min("from").over(
+        Window.partitionBy("topic", "partition")))
+        .groupBy(*SOURCE).agg(F.min("start").alias("destinationFirst")))
     island = F.col("sourceOffset") - F.row_number().over(
         Window.partitionBy(*SOURCE).orderBy("sourceOffset"))
     runs = (p.select(*SOURCE, "sourceOffset").distinct()
@@ -202,24 +242,26 @@ def summarize(p: DataFrame, known: DataFrame | None = None) -> DataFrame:
             .agg(F.min("sourceOffset").alias("first"), F.max("sourceOffset").alias("last"))
             .groupBy(*SOURCE)
             .agg(F.collect_list(F.struct("first", "last")).alias("runs")))
-    return counts.join(runs, SOURCE)
+    return by_source(by_source(counts, starts), runs)
 
 
 def claims(beats: DataFrame) -> DataFrame:
-    """(sourceTopic, sourcePartition, lastSent, receivedAt, firstSent) from heartbeat records
-    (receiver.heartbeat.topic): the highest offset claimed and when the receiver got it, and
-    the earliest chain start."""
+    """(SOURCE, lastSent, receivedAt, firstSent) from heartbeat records
+    (receiver.heartbeat.topic): per incarnation, the highest offset claimed and when the
+    receiver got it, and the earliest chain start. A claim names its incarnation (topicId)
+    since topic ids; an older receiver's names none (sourceTopicId null: the claim is about
+    the records without a topic id)."""
     beat = F.from_json(F.col("value").cast("string"),
                        "struct<receivedAt: long, lastSent: array<struct<topic: string, "
-                       "partition: int, offset: long, chainStart: long>>>")
+                       "partition: int, topicId: string, offset: long, chainStart: long>>>")
     latest = F.max(F.struct(F.col("s.offset").alias("lastSent"), F.col("receivedAt")))
     return (beats.select(beat["receivedAt"].alias("receivedAt"),
                          F.explode(beat["lastSent"]).alias("s"))
             .groupBy(F.col("s.topic").alias("sourceTopic"),
-                     F.col("s.partition").alias("sourcePartition"))
+                     F.col("s.partition").alias("sourcePartition"),
+                     F.col("s.topicId").alias("sourceTopicId"))
             .agg(latest.alias("c"), F.min("s.chainStart").alias("firstSent"))
-            .select("sourceTopic", "sourcePartition", "c.lastSent", "c.receivedAt",
-                    "firstSent"))
+            .select(*SOURCE, "c.lastSent", "c.receivedAt", "firstSent"))
 
 
 def latency(p: DataFrame) -> dict:
@@ -229,21 +271,35 @@ def latency(p: DataFrame) -> dict:
     return {"p50": q[0], "p90": q[1], "p99": q[2], "max": row["m"]}
 
 
-def compare(source: DataFrame, destination: DataFrame,
-            written_at: str = "writtenAt") -> DataFrame:
+def compare(source: DataFrame, destination: DataFrame, written_at: str = "writtenAt",
+            current: dict | None = None) -> DataFrame:
     """Record by record, against the source cluster (soak tests, pre-production): per source
     partition, records lost (in the source, not in the destination), duplicated (written more
     than once) and altered (key, value or headers differ). The headers the receiver appends
     (provenance, then `written_at`) are left out of the comparison; the destination keeps the
-    source's own headers first, in order."""
+    source's own headers first, in order.
+
+    `current`: topic -> the source's topic id now (sourceTopicId's text). The source holds only
+    that incarnation's records, so destination records of another (the topic recreated since)
+    are left out; records without a topic id (a diode older than topic ids) and topics not in
+    `current` (a broker without topic ids) are compared by offset alone. sourceTopicId in the
+    result: the incarnation compared (null when not known)."""
     key = ["sourceTopic", "sourcePartition", "sourceOffset"]
-    # the receiver appends provenance (3 headers) and then `written_at`: drop those only
-    added = F.when(F.lit(bool(written_at)) & (F.try_element_at("headers", F.lit(-1))["key"]
-                                              == F.lit(written_at)), 4).otherwise(3)
-    own = F.slice("headers", F.lit(1), F.greatest(F.size("headers") - added, F.lit(0)))
-    dst = with_provenance_rows(destination).select(
-        *key, F.col("key").alias("dKey"), F.col("value").alias("dValue"),
-        own.alias("dHeaders"))
+    # the receiver appends provenance (3 headers, then sourceTopicId since topic ids) and
+    # then `written_at`: drop those only
+    stamp = F.when(F.lit(bool(written_at)) & (F.try_element_at("headers", F.lit(-1))["key"]
+                                              == F.lit(written_at)), 1).otherwise(0)
+    named = F.when(F.try_element_at("headers", F.lit(-1) - stamp)["key"]
+                   == F.lit("sourceTopicId"), 1).otherwise(0)
+    own = F.slice("headers", F.lit(1),
+                  F.greatest(F.size("headers") - 3 - stamp - named, F.lit(0)))
+    ids = sorted((current or {}).items())
+    now = F.create_map(*[F.lit(v) for kv in ids for v in kv])[F.col("sourceTopic")] if ids \
+        else F.lit(None).cast("string")
+    dst = with_provenance_rows(destination) \
+        .where(F.col("sourceTopicId").isNull() | now.isNull() | (F.col("sourceTopicId") == now)) \
+        .select(*key, F.col("key").alias("dKey"), F.col("value").alias("dValue"),
+                own.alias("dHeaders"))
     src = source.select(F.col("topic").alias("sourceTopic"),
                         F.col("partition").alias("sourcePartition"),
                         F.col("offset").alias("sourceOffset"),
@@ -257,7 +313,7 @@ def compare(source: DataFrame, destination: DataFrame,
     altered = ~(F.col("sKey").eqNullSafe(F.col("dKey"))
                 & F.col("sValue").eqNullSafe(F.col("dValue"))
                 & (F.to_json("sHeaders") == F.to_json("dHeaders")))
-    return (joined.groupBy("sourceTopic", "sourcePartition").agg(
+    return (joined.groupBy("sourceTopic", "sourcePartition", now.alias("sourceTopicId")).agg(
         F.count("*").alias("sourceRecords"),
         F.sum(F.when(F.col("copies").isNull(), 1).otherwise(0)).alias("lost"),
         F.sum(F.when(F.col("copies") > 1, F.col("copies") - 1).otherwise(0))
@@ -285,17 +341,20 @@ def _ms(v) -> str:
 
 
 def table(rep: dict) -> str:
-    head = ("source partition", "records", "distinct", "duplicates", "missing", "out of order",
-            "p50 ms", "p99 ms", "missing ranges")
-    lines = ["  ".join(f"{h:>12}" for h in head)]
+    """The report as text: a line per incarnation of a source partition (topic id `-`: records
+    of a diode older than topic ids), then the totals."""
+    head = ("records", "distinct", "duplicates", "missing", "out of order", "p50 ms", "p99 ms")
+    lines = [f"{'source partition':>16}  {'topic id':>22}  " + "  ".join(f"{h:>12}" for h in head)
+             + "  missing ranges"]
     for r in rep["partitions"]:
         ranges = ", ".join(f"{m['first']}..{m['last']}" for m in r["missingRanges"][:5])
         if len(r["missingRanges"]) > 5:
             ranges += f", … ({len(r['missingRanges'])} ranges)"
-        lines.append("  ".join(f"{v:>12}" for v in (
-            f"{r['sourceTopic']}[{r['sourcePartition']}]", r["records"], r["distinct"],
-            r["duplicates"], r["missing"], r["outOfOrder"], _ms(r["latencyP50"]),
-            _ms(r["latencyP99"]))) + "  " + (ranges or "-"))
+        where = f"{r['sourceTopic']}[{r['sourcePartition']}]"
+        lines.append(f"{where:>16}  {r['sourceTopicId'] or '-':>22}  " + "  ".join(
+            f"{v:>12}" for v in (r["records"], r["distinct"], r["duplicates"], r["missing"],
+                                 r["outOfOrder"], _ms(r["latencyP50"]), _ms(r["latencyP99"])))
+            + "  " + (ranges or "-"))
     t = rep["totals"]
     lines.append(f"total: {t['records']} records, {t['distinct']} distinct, {t['duplicates']} "
                  f"duplicates, {t['missing']} missing, {t['outOfOrder']} out of order")
@@ -307,9 +366,12 @@ def table(rep: dict) -> str:
 
 
 def manifest(rep: dict) -> dict:
-    """The resend manifest: missing ranges per source topic and partition."""
+    """The resend manifest: missing ranges per incarnation of a source partition, with the
+    incarnation's topic id (`diode resend` refuses ranges of another incarnation than the
+    source's current one); none for records of a diode older than topic ids."""
     return {"version": 1, "missing": [
         {"topic": r["sourceTopic"], "partition": r["sourcePartition"],
+         **({"topicId": r["sourceTopicId"]} if r["sourceTopicId"] is not None else {}),
          "ranges": [[m["first"], m["last"]] for m in r["missingRanges"]]}
         for r in rep["partitions"] if r["missingRanges"]]}
 

@@ -14,9 +14,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, TopicPartition
-
-from tests.conftest import client, create_topic, produce, write_topology
+from tests.conftest import create_topic, produce, read_until, write_topology
 
 PARTITIONS = 4
 
@@ -95,37 +93,19 @@ def audit(dst, total: int, timeout: float = 120, idle: float = 3.0) -> Audit:
     """Read the destination topic and the missing-records topic until every source record is
     written or reported (then `idle` seconds more, for extras), or `timeout`."""
     a = Audit()
-    c = Consumer(client(dst.bootstrap, **{"group.id": "audit", "enable.auto.commit": False}))
-    assigned = set()
-    deadline = time.monotonic() + timeout
-    done_at = None
-    try:
-        while time.monotonic() < deadline:
-            md = c.list_topics(timeout=5).topics
-            for topic in ("dst_src", "missing"):
-                if topic not in assigned and topic in md and md[topic].partitions:
-                    assigned.add(topic)
-                    c.incremental_assign([TopicPartition(topic, p, 0)
-                                          for p in md[topic].partitions])
-            for m in c.consume(5000, timeout=0.5):
-                if m.error() is not None:
-                    continue
-                if m.topic() == "missing":
-                    e = json.loads(m.value())
-                    a.events.append(e)
-                    if e["type"] == "missing":
-                        for o in range(e["firstOffset"], e["lastOffset"] + 1):
-                            a.missing.setdefault((e["sourcePartition"], o), []).append(
-                                e["reason"])
-                else:
-                    h = dict(m.headers())
-                    a.written[(int(h["sourcePartition"]), int(h["sourceOffset"]))] += 1
-            if not a.silent(total):
-                done_at = done_at or time.monotonic() + idle
-                if time.monotonic() >= done_at:
-                    break
-    finally:
-        c.close()
+
+    def take(m):
+        if m.topic() == "missing":
+            e = json.loads(m.value())
+            a.events.append(e)
+            if e["type"] == "missing":
+                for o in range(e["firstOffset"], e["lastOffset"] + 1):
+                    a.missing.setdefault((e["sourcePartition"], o), []).append(e["reason"])
+        else:
+            h = dict(m.headers())
+            a.written[(int(h["sourcePartition"]), int(h["sourceOffset"]))] += 1
+    read_until(dst.bootstrap, ("dst_src", "missing"), take, lambda: not a.silent(total),
+               timeout, idle)
     return a
 
 
@@ -277,26 +257,12 @@ def test_records_the_destination_refuses_go_to_the_dead_letter_topic_and_others_
             [{"value": b"L" * 50000, "key": b"large %d" % i, "partition": 1} for i in range(5)])
     produce(src.bootstrap, "bad", [{"value": b"bad %d" % i} for i in range(10)])
     produce(src.bootstrap, "good", [{"value": b"good %d" % i} for i in range(50)])
-    c = Consumer(client(dst.bootstrap, **{"group.id": "dlq", "enable.auto.commit": False,
-                                          "topic.metadata.refresh.interval.ms": 500}))
     got: dict = {}
-    deadline = time.monotonic() + 90
-    try:
-        assigned = set()
-        while time.monotonic() < deadline and (len(got.get("diode-dead-letter", [])) < 15 or
-                                               len(got.get("dst_good", [])) < 50 or
-                                               len(got.get("dst_src", [])) < 20):
-            md = c.list_topics(timeout=5).topics
-            for topic in ("diode-dead-letter", "dst_good", "dst_src", "missing"):
-                if topic not in assigned and topic in md and md[topic].partitions:
-                    assigned.add(topic)
-                    c.incremental_assign([TopicPartition(topic, p, 0)
-                                          for p in md[topic].partitions])
-            for m in c.consume(1000, timeout=0.5):
-                if m.error() is None:
-                    got.setdefault(m.topic(), []).append(m)
-    finally:
-        c.close()
+    read_until(dst.bootstrap, ("diode-dead-letter", "dst_good", "dst_src", "missing"),
+               lambda m: got.setdefault(m.topic(), []).append(m),
+               lambda: (len(got.get("diode-dead-letter", [])) >= 15 and
+                        len(got.get("dst_good", [])) >= 50 and len(got.get("dst_src", [])) >= 20),
+               timeout=90, idle=0)
     assert sorted(m.value() for m in got.get("dst_good", [])) == \
         sorted(b"good %d" % i for i in range(50))
     assert sorted(m.value() for m in got.get("dst_src", [])) == \

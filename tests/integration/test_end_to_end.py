@@ -9,7 +9,7 @@ import time
 import psutil
 
 from tests.conftest import (RECENT_MS, committed_offsets, consume, create_topic,
-                            headers_of, produce, source_coordinates, topics,
+                            headers_of, produce, source_coordinates, topic_id, topics,
                             write_topology)
 
 SENDER, RECEIVER = 3, 3  # default worker processes per side
@@ -33,11 +33,12 @@ def test_records_arrive_intact_with_provenance(tmp_path, brokers, launch):
     assert len(got) == 300, d.output()
     assert topics(dst.bootstrap)["dst_src"] == 3  # created with the source's partition count
     by_value = {m.value(): m for m in got}
+    source_id = topic_id(src.bootstrap, "src").encode()
     for r in sent:
         m = by_value[r["value"]]
         h = m.headers() or []
         assert m.key() == r["key"]
-        assert h[:-4] == [(k, v) for k, v in r["headers"]]  # own headers first, in order
+        assert h[:-5] == [(k, v) for k, v in r["headers"]]  # own headers first, in order
         assert m.timestamp()[1] == r["timestamp"]
         # receiver.written.at.header: when the receiver wrote it (for end-to-end latency)
         assert 0 <= time.time() * 1000 - int(h[-1][1]) < 60_000 and h[-1][0] == "writtenAt"
@@ -45,6 +46,8 @@ def test_records_arrive_intact_with_provenance(tmp_path, brokers, launch):
         prov = headers_of(m)
         assert prov["sourceTopic"] == b"src"
         assert prov["sourcePartition"] == str(r["partition"]).encode()
+        # the incarnation: the source topic's id, as Kafka's tools print it
+        assert prov["sourceTopicId"] == source_id
     coords = source_coordinates(got)
     assert sorted(coords) == sorted(set(coords))
     # Each source partition's offsets arrive complete: 100 records, offsets 0..99.
@@ -126,7 +129,7 @@ def test_garbage_datagrams_crash_nothing_and_write_nothing(tmp_path, brokers, la
     port = int(topo.read_text().split("port: ")[1].split()[0])
     rng = random.Random(7)
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    valid_header = b"\xd1\x0d\x02\x01\x01\x00\x00\x00" + bytes(20)
+    valid_header = b"\xd1\x0d\x03\x01\x01\x00\x00\x00" + bytes(20)
     sent = 0
     for i in range(3000):
         kind = i % 4
@@ -137,8 +140,9 @@ def test_garbage_datagrams_crash_nothing_and_write_nothing(tmp_path, brokers, la
         elif kind == 2:
             dg = valid_header + rng.randbytes(rng.randint(0, 1400))  # forged, no valid tag
         else:
-            # version 1 (per-record Avro, before runs), and a future version
-            dg = (b"\xd1\x0d\x01" if i % 8 == 3 else b"\xd1\x0d\x09") + rng.randbytes(100)
+            # versions 1 and 2 (before runs, before incarnations), and a future version
+            dg = (b"\xd1\x0d" + bytes([1 + i % 16 // 8]) if i % 8 == 3 else b"\xd1\x0d\x09") \
+                + rng.randbytes(100)
         s.sendto(dg, ("127.0.0.1", port))
         sent += 1
         if i % 200 == 0:

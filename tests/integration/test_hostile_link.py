@@ -10,7 +10,7 @@ import pytest
 
 from diode.link.linksim import Faults, FaultSettings, LinkSim
 from tests.conftest import (consume, create_topic, free_port, headers_of, produce,
-                            source_coordinates, write_topology)
+                            source_coordinates, topic_id, write_topology)
 
 SENDER, RECEIVER = 3, 3
 
@@ -163,9 +163,12 @@ def test_captured_datagrams_replayed_truncated_or_flipped_write_nothing(link):
     # link liveness, with what the sender has sent
     assert any(b["partitions"] == 1 and b["counters"]["records"] >= 500 and b["session"]
                for b in beats)
-    # and where its chain started (diode verify reads a lost head and tail from these)
-    assert {"topic": "src", "partition": 0, "offset": 499, "chainStart": 0} in \
-        [s for b in beats for s in b["lastSent"]]
+    # and where its chain started (diode verify reads a lost head and tail from these), of
+    # which incarnation, and where the source ended
+    assert {"topic": "src", "partition": 0, "offset": 499, "chainStart": 0,
+            "topicId": topic_id(lk.src.bootstrap, "src"), "sourceEnd": 499,
+            "retired": False} in [s for b in beats for s in b["lastSent"]]
+    assert all(b["sourceCluster"] for b in beats if b["lastSent"])
     assert lk.sender.stop() == 0  # nothing more crosses: what was captured is all there is
     time.sleep(1)
     captured = list(cap.datagrams)

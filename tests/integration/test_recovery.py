@@ -1,29 +1,40 @@
 """A receiver without a usable checkpoint learns from the destination cluster itself what it has
 written (the provenance headers of the last records) and what it has reported missing (the
-missing-records topic), on both brokers (Tansu's "latest" offset is short of the end)."""
+missing-records topic), on both brokers (Tansu's "latest" offset is short of the end): per
+incarnation of each source partition, never from records or events of another, nor from those
+that name none (written by a diode before incarnations)."""
 
 import json
 import time
 
 import pytest
 
+from diode.kafka import identity
 from diode.kafka.brokers import free_port
 from diode.errors import DiodeError
 from diode.kafka.recovery import last_reported, last_written
 from tests.conftest import RECENT_MS, create_topic, produce
 
+ONE, TWO = b"\x01" * 16, b"\x02" * 16  # two incarnations of each source partition
 
-def written(source_topic: str, source_partition: int, offset: int, **record) -> dict:
-    """A destination record as the kafka_writer writes it: own headers, then provenance."""
+
+def written(source_topic: str, source_partition: int, offset: int, incarnation=ONE,
+            **record) -> dict:
+    """A destination record as the kafka_writer writes it: own headers, then provenance (a
+    diode before incarnations wrote no sourceTopicId: incarnation None)."""
+    ids = [] if incarnation is None else [("sourceTopicId", identity.text(incarnation).encode())]
     return {"value": b"v%d" % offset, "key": b"k%d" % offset,
             "headers": [("app", b"own"), ("sourceTopic", source_topic.encode()),
                         ("sourcePartition", b"%d" % source_partition),
-                        ("sourceOffset", b"%d" % offset)], **record}
+                        ("sourceOffset", b"%d" % offset), *ids], **record}
 
 
-def event(kind: str, topic: str, partition: int, first: int, last: int, at: int) -> dict:
+def event(kind: str, topic: str, partition: int, first: int, last: int, at: int,
+          incarnation=ONE) -> dict:
     value = {"type": kind, "sourceTopic": topic, "sourcePartition": partition,
              "firstOffset": first, "lastOffset": last, "reason": "gap", "detectedAt": at}
+    if incarnation is not None:
+        value["sourceTopicId"] = identity.text(incarnation)
     return {"key": f"{topic}-{partition}".encode(), "value": json.dumps(value).encode(),
             "timestamp": at}
 
@@ -40,10 +51,14 @@ def test_last_written_finds_each_source_partition_where_the_writer_put_it(broker
         if i % 2:
             records.append(written("a", 1, 1000 + i, partition=0))
     records += [written("a", 0, 150, partition=0), written("b", 0, 5000, partition=0),
-                {"value": b"no provenance", "partition": 0}]
+                {"value": b"no provenance", "partition": 0},
+                # the same partition's other incarnation, and a record naming none, after
+                written("a", 0, 9000, TWO, partition=0), written("a", 1, 9000, None, partition=0)]
     produce(destination.bootstrap, "dst_a", records)
-    assert last_written(settings, "dst_a", {("a", 0), ("a", 1), ("a", 7)}) == \
-        {("a", 0): 297, ("a", 1): 1099}
+    assert last_written(settings, "dst_a", {("a", 0, ONE), ("a", 1, ONE), ("a", 7, ONE)}) == \
+        {("a", 0, ONE): 297, ("a", 1, ONE): 1099}
+    assert last_written(settings, "dst_a", {("a", 0, TWO), ("a", 1, TWO)}) == \
+        {("a", 0, TWO): 9000}
 
     # source partition 3 written to a 2-partition topic: spread by key over both
     create_topic(destination.bootstrap, "dst_b", 2)
@@ -51,10 +66,10 @@ def test_last_written_finds_each_source_partition_where_the_writer_put_it(broker
             [written("b", 3, i) for i in range(200)] +
             [written("b", 0, i, partition=0) for i in range(10)] +
             [written("b", 1, i, partition=1) for i in range(20)])
-    assert last_written(settings, "dst_b", {("b", 0), ("b", 1), ("b", 3)}) == \
-        {("b", 0): 9, ("b", 1): 19, ("b", 3): 199}
+    assert last_written(settings, "dst_b", {("b", 0, ONE), ("b", 1, ONE), ("b", 3, ONE)}) == \
+        {("b", 0, ONE): 9, ("b", 1, ONE): 19, ("b", 3, ONE): 199}
 
-    assert last_written(settings, "dst_nothing", {("a", 0)}) == {}
+    assert last_written(settings, "dst_nothing", {("a", 0, ONE)}) == {}
 
 
 def test_last_written_reads_back_chunk_after_chunk_and_on_past_the_reported_end(brokers):
@@ -67,10 +82,11 @@ def test_last_written_reads_back_chunk_after_chunk_and_on_past_the_reported_end(
     for first in range(0, 5000, 1000):  # each call flushes: batches of at most 1000
         produce(destination.bootstrap, "dst_c",
                 [written("c", 1, i, partition=0) for i in range(first, first + 1000)])
-    assert last_written(settings, "dst_c", {("c", 0), ("c", 1)}) == {("c", 0): 9, ("c", 1): 4999}
+    assert last_written(settings, "dst_c", {("c", 0, ONE), ("c", 1, ONE)}) == \
+        {("c", 0, ONE): 9, ("c", 1, ONE): 4999}
     # not further back than max_scan records
-    assert last_written(settings, "dst_c", {("c", 0), ("c", 1)}, max_scan=3000) == \
-        {("c", 1): 4999}
+    assert last_written(settings, "dst_c", {("c", 0, ONE), ("c", 1, ONE)}, max_scan=3000) == \
+        {("c", 1, ONE): 4999}
 
 
 def test_last_reported_merges_the_missing_ranges_of_each_source_partition(brokers):
@@ -87,16 +103,20 @@ def test_last_reported_merges_the_missing_ranges_of_each_source_partition(broker
         {**event("missing", "a", 0, 50, 59, since + 3), "partition": 0},
         {**event("missing", "a-1", 0, 7, 7, since + 4), "partition": 1},
         {"value": b"not an event", "partition": 0, "timestamp": since + 5},
+        {**event("missing", "a", 0, 100, 109, since + 6, TWO), "partition": 1},
+        {**event("missing", "a", 0, 200, 209, since + 7, None), "partition": 1},
     ])
     assert last_reported(settings, "missing", since_ms=since) == \
-        {("a", 0): [[10, 29], [50, 59]], ("a-1", 0): [[7, 7]]}
+        {("a", 0, ONE): [[10, 29], [50, 59]], ("a", 0, TWO): [[100, 109]],
+         ("a-1", 0, ONE): [[7, 7]]}
     assert last_reported(settings, "missing") == \
-        {("a", 0): [[1, 4], [10, 29], [50, 59]], ("a-1", 0): [[7, 7]]}
+        {("a", 0, ONE): [[1, 4], [10, 29], [50, 59]], ("a", 0, TWO): [[100, 109]],
+         ("a-1", 0, ONE): [[7, 7]]}
     assert last_reported(settings, "missing_nothing") == {}
 
 
 @pytest.mark.parametrize("call", [
-    lambda s: last_written(s, "dst", {("a", 0)}, timeout=3),
+    lambda s: last_written(s, "dst", {("a", 0, ONE)}, timeout=3),
     lambda s: last_reported(s, "missing", timeout=3)], ids=["last_written", "last_reported"])
 def test_an_unreachable_cluster_is_one_clear_error_within_the_timeout(call):
     where = f"127.0.0.1:{free_port()}"  # nothing listens there

@@ -173,8 +173,8 @@ def test_compare_with_the_source_names_lost_duplicated_and_altered_records(spark
         return (spark.read.format(fmt).option("kafka.bootstrap.servers", bootstrap)
                 .option("subscribe", topic).load())
     (row,) = compare(read(src.bootstrap, "s"), read(dst.bootstrap, "dst_s")).collect()
-    assert row.asDict() == {"sourceTopic": "s", "sourcePartition": 0, "sourceRecords": 10,
-                            "lost": 1, "duplicated": 1, "altered": 2}
+    assert row.asDict() == {"sourceTopic": "s", "sourcePartition": 0, "sourceTopicId": None,
+                            "sourceRecords": 10, "lost": 1, "duplicated": 1, "altered": 2}
 
 
 def numbers(bootstrap, lo, hi):
@@ -332,12 +332,13 @@ def test_audit_reports_a_lost_head_only_where_the_destination_still_starts_at_ze
     offset 0, y[0] in one whose first records are gone (retention): the same heartbeat claim,
     chain started at 0, is a lost head for x and nothing for y."""
     schema = ("topic string, partition int, offset long, sourceTopic string, "
-              "sourcePartition int, sourceOffset long, writtenAt long, latencyMs long")
-    rows = [("dx", 0, o - 10, "x", 0, o, None, None) for o in range(10, 15)]
-    rows += [("dy", 0, o + 90, "y", 0, o, None, None) for o in range(10, 15)]
-    beats = spark.createDataFrame([("x", 0, 0, 14), ("y", 0, 0, 14)],
-                                  "sourceTopic string, sourcePartition int, firstSent long, "
-                                  "lastSent long")
+              "sourcePartition int, sourceOffset long, sourceTopicId string, writtenAt long, "
+              "latencyMs long")
+    rows = [("dx", 0, o - 10, "x", 0, o, None, None, None) for o in range(10, 15)]
+    rows += [("dy", 0, o + 90, "y", 0, o, None, None, None) for o in range(10, 15)]
+    beats = spark.createDataFrame([("x", 0, None, 0, 14), ("y", 0, None, 0, 14)],
+                                  "sourceTopic string, sourcePartition int, "
+                                  "sourceTopicId string, firstSent long, lastSent long")
     rep = report(audit(spark.createDataFrame(rows, schema), beats))
     assert {r["sourceTopic"]: r["missingRanges"] for r in rep["partitions"]} == {
         "x": [{"first": 0, "last": 9}], "y": []}

@@ -6,9 +6,9 @@ from diode.runtime import checkpoints
 def test_replay_starts_at_the_lowest_writer_checkpoint_and_waits_for_every_writer(tmp_path):
     d = str(tmp_path)
     assert checkpoints.low_water(d, 2) is None  # no checkpoint yet: from the journal's start
-    checkpoints.save(d, 0, 5000, {("t", 0): {"frontier": 9}}, 2, 1, sync=True)
+    checkpoints.save(d, 0, 5000, [["t", 0, {"frontier": 9}]], 2, 1, sync=True)
     assert checkpoints.low_water(d, 2) is None  # writer 1 has none yet
-    checkpoints.save(d, 1, 3000, {("t", 1): {"frontier": 4}}, 2, 2, sync=False)
+    checkpoints.save(d, 1, 3000, [["t", 1, {"frontier": 4}]], 2, 2, sync=False)
     assert checkpoints.low_water(d, 2) == 3000
     # one writer fewer after a restart: its file is not waited for, its partitions are found
     assert checkpoints.low_water(d, 1) == 5000
@@ -18,8 +18,19 @@ def test_replay_starts_at_the_lowest_writer_checkpoint_and_waits_for_every_write
 
 def test_a_damaged_checkpoint_is_left_out_not_fatal(tmp_path):
     d = str(tmp_path)
-    checkpoints.save(d, 0, 10, {}, 2, 1, sync=False)
+    checkpoints.save(d, 0, 10, [], 2, 1, sync=False)
     (tmp_path / "checkpoint-1.json").write_text("{not json")
     assert [c["writer"] for c in checkpoints.load_all(d)] == [0]
     assert checkpoints.low_water(d, 2) is None  # replay everything rather than guess
     assert not list(tmp_path.glob("*.new"))     # saves are atomic: nothing half written
+
+
+def test_a_checkpoint_of_an_earlier_diode_is_not_used(tmp_path):
+    """Version 1 checkpoints hold states that name no source incarnation: whatever they say
+    could be of a topic since recreated, so they are left out (the destination's provenance
+    headers are read instead) and the journal is replayed from its start."""
+    (tmp_path / "checkpoint-0.json").write_text(
+        '{"version": 1, "writer": 0, "writers": 1, "low_water": 9, "time_ms": 1, '
+        '"partitions": [["t", 0, {"frontier": 9}]]}')
+    assert checkpoints.load_all(str(tmp_path)) == []
+    assert checkpoints.low_water(str(tmp_path), 1) is None

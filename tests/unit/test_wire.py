@@ -125,7 +125,7 @@ def test_parse_header_rejects_bad_magic():
     assert exc.value.reason == "bad_magic"
 
 
-@pytest.mark.parametrize("version", [0, 1, 3, 255])  # 1: per-record Avro, before runs
+@pytest.mark.parametrize("version", [0, 1, 2, 4, 255])  # 1, 2: before runs, before incarnations
 def test_parse_header_rejects_bad_version(version):
     datagram = bytearray(sealer().seal(PAYLOAD))
     datagram[2] = version
@@ -235,14 +235,17 @@ def test_header_layout_matches_the_documented_struct():
     datagram = s.seal(PAYLOAD)
     magic, version, kind, cipher, compression, key_id, flags, session, seq, routing = \
         struct.unpack("!2sBBBBBBQQI", datagram[:28])
-    assert (magic, version, kind) == (b"\xd1\x0d", 2, 1)
+    assert (magic, version, kind) == (b"\xd1\x0d", 3, 1)
     assert (cipher, compression, key_id, flags) == (1, 0, 0, 0)
     assert (session, seq, routing) == (0x0102030405060708, 1, 1)
 
 
 def test_heartbeat_round_trip_and_garbage():
+    topic_id = bytes(range(16))
     beat = {"reader": 1, "time_ms": 1_795_300_000_000, "interval_ms": 1000,
-            "partitions": [("orders", 3, 100, 250), ("\u00fcber", 0, 0, 0)],
+            "cluster": "en1V5N-gTDaRDHdxgulpSA",
+            "partitions": [("orders", 3, topic_id, 100, 250, 300, False),
+                           ("\u00fcber", 0, b"\xff" * 16, 0, 0, 7, True)],
             "counters": {"records": 123, "rewinds": 0, "inflight": 7}}
     back = wire.decode_heartbeat(wire.encode_heartbeat(beat))
     assert back == {**beat, "interval_ms": 1000.0}
