@@ -40,6 +40,7 @@ from diode.kafka.brokers import KINDS, free_port, make_broker
 
 TOPIC = "dest_bench"
 SOURCE = "bench"
+TOPIC_ID = b"AQIDBAUGBwgJCgsMDQ4PEA"  # the incarnation the records name (sourceTopicId)
 T0 = (int(time.time()) - 3600) * 1000  # recent: no retention deletes the records
 
 
@@ -55,7 +56,8 @@ def fill(bootstrap: str, records: int, partitions: int, gap_every: int) -> None:
         part, k = i % partitions, i // partitions
         src = k + k // (gap_every - 1)  # source offsets gap_every-1, gap_every*2-1, … left out
         headers = [("sourceTopic", SOURCE.encode()), ("sourcePartition", b"%d" % part),
-                   ("sourceOffset", b"%d" % src), ("writtenAt", b"%d" % (T0 + 40 + i % 50))]
+                   ("sourceOffset", b"%d" % src), ("sourceTopicId", TOPIC_ID),
+                   ("writtenAt", b"%d" % (T0 + 40 + i % 50))]
         while True:
             try:
                 p.produce(TOPIC, value=value, partition=part, timestamp=T0, headers=headers)
@@ -88,7 +90,7 @@ def baseline(bootstrap: str, partitions: int) -> dict:
                     open_.discard(m.partition())
                 continue
             h = dict(m.headers())
-            key = (h["sourceTopic"], h["sourcePartition"])
+            key = (h["sourceTopic"], h["sourcePartition"], h["sourceTopicId"])
             n, hi = tally.get(key, (0, -1))
             tally[key] = (n + 1, max(hi, int(h["sourceOffset"])))
     took = time.monotonic() - start

@@ -25,6 +25,8 @@ from diode.kafka.clients import producer_config
 
 from .workload import PARTITIONS
 
+TOPIC_ID = b"AQIDBAUGBwgJCgsMDQ4PEA"  # an incarnation's text (sourceTopicId), 22 bytes
+
 
 def _consumer(bootstrap: str, topic: str, group: str = "bench-baseline") -> Consumer:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
@@ -59,8 +61,10 @@ def _produce(p: Producer, topic: str, m_or_record, headers) -> None:
 
 
 def _provenance(topic: str, partition: int, offset: int) -> list:
+    """The provenance diode writes (the incarnation's text a constant: its length is the
+    cost)."""
     return [("sourceTopic", topic.encode()), ("sourcePartition", str(partition).encode()),
-            ("sourceOffset", str(offset).encode())]
+            ("sourceOffset", str(offset).encode()), ("sourceTopicId", TOPIC_ID)]
 
 
 def _stay(ok: bool) -> int:
