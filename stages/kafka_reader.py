@@ -78,7 +78,8 @@ class Stage(BaseStage):
         self.lineage = lineage.Lineage()
         self.memory = lineage.memory_path(self.ctx.run_dir, self.selector.index)
         remembered = self._remember() if self.resend is None else {}
-        self.out_of_range: set = set()    # (topic, partition) whose position the source lost
+        self.out_of_range: dict = {}      # (topic, partition) whose position the source lost
+        #                                   -> when that was seen
         self.epoch = int.from_bytes(os.urandom(3), "big") << 32
         self.seq = 0
         self.next_refresh = 0.0
@@ -181,21 +182,23 @@ class Stage(BaseStage):
             sent = self._sent(tp, positions)
             self.lineage.depart(tp, self.chain_start.pop(tp, None), self.last_read.pop(tp, None),
                                 sent, self.assigned.pop(tp), self.tracker.forget(tp))
-            self.out_of_range.discard(tp)
+            self.out_of_range.pop(tp, None)
         self.metrics.set("partitions", len(self.assigned))
 
     def _renew_out_of_range(self, found) -> None:
         """Partitions whose position the source no longer held, now that the watcher has
-        looked: a topic found recreated was handled as such; any other is read again from its
-        start, in a new chain (the receiver reports what that skipped)."""
-        for tp in sorted(self.out_of_range):
-            if tp not in self.assigned or tp[0] in found.resets:
-                self.out_of_range.discard(tp)
+        looked since: a topic found recreated was handled as such; any other is read again
+        from its start, in a new chain (the receiver reports what that skipped)."""
+        for tp, seen in sorted(self.out_of_range.items()):
+            if tp not in self.assigned:
+                del self.out_of_range[tp]
                 continue
-            if tp[0] in found.unnamed and \
-                    found.ends.get(tp, 1 << 62) < self.last_read.get(tp, -1) + 1:
-                continue  # (no topic id, offsets went back: recreated, renewed below)
-            self.out_of_range.discard(tp)
+            went_back = tp[0] in found.unnamed and \
+                found.ends.get(tp, 1 << 62) < self.last_read.get(tp, -1) + 1
+            if found.started < seen or went_back:
+                continue  # (a look from before; or no topic id and offsets went back: renewed
+                #            below, then found recreated)
+            del self.out_of_range[tp]
             self.log.warning("%s[%d]: the source no longer holds offset %s (retention deleted "
                              "records before they were read, or the log was truncated): reading "
                              "the partition from its start", tp[0], tp[1],
@@ -413,7 +416,7 @@ class Stage(BaseStage):
             # now; the loop decides when it has (_renew_out_of_range).
             tp = (m.topic(), m.partition())
             if tp in self.assigned and tp not in self.out_of_range:
-                self.out_of_range.add(tp)
+                self.out_of_range[tp] = time.monotonic()
                 self.watcher.wake()
         elif err.code() == KafkaError._PARTITION_EOF:
             tp = (m.topic(), m.partition())

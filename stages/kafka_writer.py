@@ -50,7 +50,7 @@ from collections import deque
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from diode.runtime import checkpoints, transport
+from diode.runtime import checkpoints, statedir, transport
 from diode.kafka import identity, recovery
 from diode.errors import DiodeError, RejectedDatagram
 from diode.kafka.clients import (admin_config, client_settings, create_topic,
@@ -826,19 +826,14 @@ def _headers(run: Run, i: int, own) -> list:
 
 def held_state(sources: dict, most: int = 10) -> str:
     """The incarnations a writer holds state for, per source partition (the first `most`), in
-    a line."""
+    a line, as diode check and status show them from the checkpoints."""
     held = sorted(sources.items())
-    return "; ".join(
-        f"{t}[{p}] {', '.join(describe_state(s, s is source.current) for s in source.states())}"
-        for (t, p), source in held[:most]) + (f"; and {len(held) - most} more"
-                                              if len(held) > most else "")
-
-
-def describe_state(state: PartitionState, current: bool) -> str:
-    """'topic id X up to offset N' (and whether it is current or retired)."""
-    where = "nothing resolved" if state.frontier is None else f"up to offset {state.frontier}"
-    what = "current" if current else "retired" if state.retired else "retiring"
-    return f"topic id {identity.text(state.incarnation)} {where} ({what})"
+    lines = statedir.held_lines([
+        {"topic": t, "partition": p, "incarnations": [
+            {"topic_id": identity.text(s.incarnation), "frontier": s.frontier,
+             "current": s is source.current} for s in source.states()]}
+        for (t, p), source in held[:most]])
+    return "; ".join(lines) + (f"; and {len(held) - most} more" if len(held) > most else "")
 
 
 MEANINGS = {"gap": "lost on the link", "tail": "sent before the last heartbeat, never arrived",

@@ -21,7 +21,6 @@ incarnation (diode.kafka.identity) and each partition's end. A Lineage keeps, pe
   new run directory starts without it (docs/operations.md says what that leaves unknown).
 """
 
-import json
 import logging
 import os
 import time
@@ -192,17 +191,17 @@ def load(where: str, topology: str, readers: int) -> dict | None:
     """What `save` recorded, incarnations as bytes again; None when there is nothing, or
     nothing this reader may use (logged)."""
     try:
-        with open(where) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        return None
+        data = files.read_json(where)
     except (OSError, ValueError) as exc:
         log.warning("%s cannot be read (%s): starting without what it knew", where, exc)
         return None
-    if data.get("version") != MEMORY_VERSION or data.get("topology") != topology or \
-            data.get("readers") != readers:
+    if data is None:
+        return None
+    if not isinstance(data, dict) or data.get("version") != MEMORY_VERSION or \
+            data.get("topology") != topology or data.get("readers") != readers:
+        said = data if isinstance(data, dict) else {}
         log.warning("%s was written for topology %r with %s reader(s), not %r with %d: not "
-                    "used", where, data.get("topology"), data.get("readers"), topology, readers)
+                    "used", where, said.get("topology"), said.get("readers"), topology, readers)
         return None
     try:
         data["topics"] = {t: identity.parse(text) for t, text in data["topics"].items()}

@@ -15,7 +15,6 @@ Each writer keeps one file, `checkpoint-<index>.json` in receiver.journal.dir, r
 - `time_ms`: when it was written (the missing-records topic is read back from about then).
 """
 
-import json
 import logging
 import os
 
@@ -43,12 +42,13 @@ def load(directory: str, index: int) -> dict | None:
     """One writer's checkpoint; None if there is none, or it cannot be read (then the log says
     why and the caller starts from the destination's provenance headers)."""
     try:
-        with open(path(directory, index)) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        return None
+        data = files.read_json(path(directory, index))
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{path(directory, index)}: {exc}") from None
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path(directory, index)}: not a checkpoint")
     if data.get("version") == 1:
         raise CheckpointError(f"{path(directory, index)}: written by an earlier diode, whose "
                               "states do not name the source incarnation they belong to; not "

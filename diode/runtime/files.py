@@ -1,5 +1,5 @@
-"""Files replaced whole: written aside, then renamed over the old one, so a crash leaves the
-old file or the new one, never half of either."""
+"""Small JSON state files: replaced whole (written aside, then renamed over the old one, so a
+crash leaves the old file or the new one, never half of either), and read back."""
 
 import json
 import os
@@ -22,3 +22,13 @@ def replace_json(path: str, data, sync: bool) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def read_json(path: str):
+    """What `path` holds as JSON; None when there is no such file. OSError or ValueError
+    when it cannot be read or is not JSON (the caller says what that means)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None

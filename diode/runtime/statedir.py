@@ -14,7 +14,6 @@ here too, for `diode check`, `diode status` and the reset's report.
 
 import errno
 import fcntl
-import json
 import os
 
 from diode.errors import DiodeError
@@ -34,15 +33,14 @@ def read_identity(directory: str) -> dict | None:
     before identities). DiodeError when the file cannot be read."""
     path = os.path.join(directory, IDENTITY_FILE)
     try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise DiodeError(f"receiver.journal.dir: cannot read {path} ({exc}); it says whose "
+        data = files.read_json(path)
+        if data is None:
+            return None
+        return {"topology": data["topology"], "link": data["link"]}
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise DiodeError(f"receiver.journal.dir: cannot read {path} ({exc!r}); it says whose "
                          "state the directory holds. Remove it to adopt the directory, or run "
                          "with --reset-state to discard it") from None
-    return {"topology": data.get("topology"), "link": data.get("link")}
 
 
 def claim(t, directory: str, reset: bool, log) -> None:
