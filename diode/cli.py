@@ -6,6 +6,7 @@ import logging
 import sys
 import time
 
+from diode.link import path as link_path
 from diode.runtime import topology as topo
 from diode.runtime import wiring
 from diode.errors import DiodeError, TopologyError
@@ -51,8 +52,12 @@ def cmd_check(args) -> int:
     run_dir = t.supervisor.run_dir or "<run dir>"
     print(f"topology {t.name} ({t.path}): valid")
     print(f"link: udp {t.link.host}:{t.link.port} (receiver binds {t.link.bind_address}), "
-          f"datagrams up to {t.link.datagram_size_bytes} bytes, "
+          f"datagrams up to {t.link.datagram_size_bytes} bytes"
+          f"{f' ({t.link.datagram_size_note})' if t.link.datagram_size_note else ''}, "
           f"{t.link.rate_mbps:g} Mbit/s{' (unpaced)' if not t.link.rate_mbps else ''}")
+    fragmented = link_path.fragmentation(t.link)
+    if fragmented:
+        print(f"warning: {fragmented}", file=sys.stderr)
     print(f"security: {t.security.cipher}, compression: {t.compression}")
     print(f"receive journal: {state_dir} (up to {r.journal_max_bytes} bytes, "
           f"fsync {r.journal_fsync}, checkpoints every {r.checkpoint_interval_ms:g} ms)"

@@ -619,8 +619,9 @@ def _map_link(link: dict, shared: dict, values: dict, sink, source, notes: list)
                          "MTU of 1500 (diode fragments large records itself)")
     elif sink is not None:
         notes.append("diode.buffer.size.kb not given: the connector sent datagrams of up to "
-                     f"40 KB; diode sends {MTU_DATAGRAM} bytes (link.datagram.size.bytes), one "
-                     "Ethernet frame")
+                     "40 KB; diode sends datagrams that fit the path's MTU "
+                     f"(link.datagram.size.bytes: auto, {MTU_DATAGRAM} bytes for an MTU of "
+                     "1500)")
     if sink is not None:
         notes.append("the connector sends unpaced; diode paces the sender at link.rate.mbps "
                      "(100 by default): set it just under what the link and the receiver take "

@@ -3,6 +3,7 @@ and Tansu, through diode.kafka.brokers: a test that takes `brokers` runs on each
 launched diode, and Kafka helpers that work on both (Tansu's "latest" offset is wrong, DESIGN.md
 §7, so consumers read until they have what they expect)."""
 
+import os
 import signal
 import socket
 import subprocess
@@ -34,13 +35,14 @@ def broker_kind(request) -> str:
 
 @pytest.fixture
 def start_brokers(tmp_path):
-    """start(kind, *names, **kafka_options): embedded brokers on free ports, started side by
-    side, stopped at the end of the test (logs in tmp_path/<name>.log)."""
+    """start(kind, *names, host=, where=, **kafka_options): embedded brokers on free ports of
+    `host`, run under `where` (the test bed's `ip netns exec NAME`), started side by side,
+    stopped at the end of the test (logs in tmp_path/<name>.log)."""
     started = []
 
-    def start(kind: str, *names: str, **options) -> list:
-        made = [make_broker(kind, name, f"127.0.0.1:{free_port()}", str(tmp_path / f"{name}.log"),
-                            **options) for name in names]
+    def start(kind: str, *names: str, host: str = "127.0.0.1", where=(), **options) -> list:
+        made = [make_broker(kind, name, f"{host}:{free_port()}", str(tmp_path / f"{name}.log"),
+                            where, **options) for name in names]
         start_all(made)
         started.extend(made)
         return made
@@ -88,13 +90,14 @@ def write_topology(tmp_path, source: str, destination: str, **overrides) -> Path
 
 
 class Launched:
-    """`diode launch` in a subprocess, with its run directory for metrics."""
+    """`diode launch` in a subprocess, with its run directory for metrics; `where`: what to run
+    it under (`ip netns exec NAME`, for the receiving host of the test bed)."""
 
-    def __init__(self, topology: Path, run_dir: Path, side: str = "both"):
+    def __init__(self, topology: Path, run_dir: Path, side: str = "both", where=()):
         self.run_dir = run_dir
         self.log = open(run_dir.parent / f"launch-{side}.log", "ab")  # (a restart adds to it)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "diode", "launch", str(topology), "--side", side,
+            [*where, sys.executable, "-m", "diode", "launch", str(topology), "--side", side,
              "--run-dir", str(run_dir)], stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
         self.ps = psutil.Process(self.proc.pid)
 
@@ -153,10 +156,11 @@ class Launched:
 def launch(tmp_path):
     started = []
 
-    def start(topology: Path, side: str = "both", workers: int | None = None) -> Launched:
+    def start(topology: Path, side: str = "both", workers: int | None = None,
+              where=()) -> Launched:
         run_dir = tmp_path / f"run-{side}"
         run_dir.mkdir(exist_ok=True)
-        d = Launched(topology, run_dir, side)
+        d = Launched(topology, run_dir, side, where)
         started.append(d)
         if workers:
             d.wait_workers(workers)
@@ -340,6 +344,19 @@ def source_coordinates(msgs) -> list:
         out.append((h["sourceTopic"].decode(), int(h["sourcePartition"]),
                     int(h["sourceOffset"])))
     return out
+
+
+@pytest.fixture(scope="module")
+def testbed():
+    """Two hosts on this machine (diode.testbed): the receiving host a network namespace joined
+    by a veth pair of MTU 1500. Needs root: skipped, saying so, where it is not."""
+    from diode import testbed as tb
+    why = tb.usable()
+    if why:
+        pytest.skip(why)
+    bed = tb.up(tb.plan(f"dtb{os.getpid() % 100000}", 1500))
+    yield bed
+    tb.down(bed)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -62,6 +62,7 @@ class EmbeddedBroker:
         self.port = int(port)
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
+        self.where: tuple = ()  # what to run it under: the test bed's `ip netns exec NAME`
 
     @property
     def bootstrap(self) -> str:
@@ -81,7 +82,8 @@ class EmbeddedBroker:
             raise DiodeError(f"broker {self.name}: something already listens on {self.listen}")
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
-            self.proc = subprocess.Popen(self._command(), stdout=out, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen([*self.where, *self._command()], stdout=out,
+                                         stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, preexec_fn=_follow_parent)
         finally:
             if out is not subprocess.DEVNULL:
@@ -329,14 +331,18 @@ def _cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-def make_broker(kind: str, name: str, listen: str, log_path: str | None = None,
+def make_broker(kind: str, name: str, listen: str, log_path: str | None = None, where=(),
                 **kafka_options) -> EmbeddedBroker:
-    """An embedded broker of `kind` (KINDS); `kafka_options` go to KafkaBroker."""
+    """An embedded broker of `kind` (KINDS), run under `where` (the test bed's receiving host:
+    `ip netns exec NAME`); `kafka_options` go to KafkaBroker."""
     if kind == "tansu":
-        return TansuBroker(name, listen, log_path)
-    if kind == "kafka":
-        return KafkaBroker(name, listen, log_path, **kafka_options)
-    raise DiodeError(f"broker kind must be one of {', '.join(KINDS)}, not {kind!r}")
+        broker = TansuBroker(name, listen, log_path)
+    elif kind == "kafka":
+        broker = KafkaBroker(name, listen, log_path, **kafka_options)
+    else:
+        raise DiodeError(f"broker kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    broker.where = tuple(where)
+    return broker
 
 
 def start_all(brokers: list, timeout: float = 60.0) -> list:

@@ -28,6 +28,7 @@ from enum import Enum
 import setproctitle
 
 from diode.link import crypto
+from diode.link import path as link_path
 from diode.runtime import exporter, launches, statedir, worker
 from diode.kafka import brokers as embedded
 from diode.kafka.clients import client_settings
@@ -142,6 +143,8 @@ class Supervisor:
             self.secrets = load_secrets(self.t)
             for side in self.sides:  # a Kafka secret that cannot be read: say so now, once
                 client_settings(self.t, side)
+            if "sender" in self.sides and (fragmented := link_path.fragmentation(self.t.link)):
+                log.warning("%s", fragmented)
             r = self.t.receiver
             if "receiver" in self.sides and r.journal_enabled:
                 # another flow's journal and checkpoints: refused before anything starts

@@ -88,6 +88,17 @@ def positive(v):
     return None if v > 0 else f"must be more than 0, not {v}"
 
 
+def size_or_auto(lo, hi):
+    """`auto`, or an integer between lo and hi."""
+    def check(v):
+        if v == "auto":
+            return None
+        if not isinstance(v, int) or isinstance(v, bool):
+            return f"must be auto or an integer, not {v!r}"
+        return between(lo, hi)(v)
+    return check
+
+
 # Kafka client settings that hold secrets: never written in the topology itself, only as a
 # reference to a file or an environment variable, resolved where the client is made.
 SECRET_KAFKA_KEYS = ("sasl.password", "sasl.oauthbearer.client.secret", "ssl.key.password",
@@ -140,9 +151,15 @@ class LinkSettings:
                         "as seen across the diode.")
     port: int = setting(3456, "UDP port of the receiver.", port)
     bind_address: str = setting("0.0.0.0", "Address the receiver binds its UDP socket to.")
-    datagram_size_bytes: int = setting(
-        1472, "Largest datagram sent, header included: 1472 for an MTU of 1500, 8972 for jumbo "
-        "frames, up to 65507 on loopback or with IP fragmentation.", between(256, 65507))
+    datagram_size_bytes: int | str = setting(
+        "auto", "Largest datagram sent, header included. auto: the MTU of the device toward "
+        "host, less the IP and UDP headers (1472 for an MTU of 1500, 8972 for jumbo frames, "
+        "65000 on loopback; 1472 when there is no route yet). A size the path would fragment "
+        "loses a whole datagram with any one fragment: diode check and the launch warn of it "
+        "unless allow.fragmentation is true.", size_or_auto(256, 65507))
+    allow_fragmentation: bool = setting(
+        False, "A datagram.size.bytes larger than the path carries whole is meant (a link "
+        "that never drops a fragment): no warning.")
     rate_mbps: float = setting(
         100.0, "Sender pacing in megabits per second of UDP payload; 0 sends unpaced. Keep it "
         "under what the link and the receiver can take: nothing tells the sender of drops.",
@@ -162,6 +179,8 @@ class LinkSettings:
     receive_buffer_bytes: int = setting(
         33554432, "SO_RCVBUF the receiver asks for. The kernel caps it at net.core.rmem_max; the "
         "receiver warns with the sysctl to run when it gets less.", positive)
+    # Not a setting: how datagram.size.bytes was chosen (auto: the device and its MTU).
+    datagram_size_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -506,11 +525,26 @@ def from_dict(data, path="<memory>", cpu_count: int | None = None) -> Topology:
         raw_brokers = []
     for i, b in enumerate(raw_brokers):
         brokers.append(_build(BrokerSettings, b, f"brokers[{i}]", problems))
+    sections["link"] = _datagram_size(sections["link"])
     topo = dataclasses.replace(base, brokers=brokers, path=path, **sections)
     problems += _cross_checks(topo)
     if problems:
         raise TopologyError(path, problems)
     return topo
+
+
+def _datagram_size(link: LinkSettings) -> LinkSettings:
+    """`auto` made a number: what the path toward link.host carries whole (diode.link.path)."""
+    if link.datagram_size_bytes != "auto":
+        return link
+    from diode.link import path as link_path
+    found = link_path.toward(link.host)
+    size = found.unfragmented(link.host)
+    if size is None:
+        return dataclasses.replace(link, datagram_size_bytes=1472, datagram_size_note=(
+            f"auto: no route to {link.host} known here, so 1472 (an MTU of 1500)"))
+    return dataclasses.replace(link, datagram_size_bytes=size, datagram_size_note=(
+        f"auto: MTU {found.mtu} of {found.device} toward {link.host}"))
 
 
 def _cross_checks(t: Topology) -> list[str]:
@@ -603,11 +637,15 @@ def plan(t: Topology, sides=SIDES) -> list[WorkerSpec]:
 # -- reference documentation -------------------------------------------------------------------
 
 def _type_name(f) -> str:
+    names = {bool: "bool", int: "int", float: "number", str: "string", list: "list",
+             dict: "map"}
+    if isinstance(f.type, types.UnionType):  # (an int or the word auto)
+        return "int or auto" if typing.get_args(f.type) == (int, str) else \
+            " or ".join(names[a] for a in typing.get_args(f.type))
     tp = f.type if isinstance(f.type, type) else typing.get_origin(f.type)
     if isinstance(f.type, types.GenericAlias):
         tp = typing.get_origin(f.type)
-    return {bool: "bool", int: "int", float: "number", str: "string", list: "list",
-            dict: "map"}.get(tp, "section")
+    return names.get(tp, "section")
 
 
 def _default(f) -> str:

@@ -41,7 +41,10 @@ def test_minimal_topology_gets_the_documented_defaults():
     assert t.name == "diode"
     assert t.compression == "none"
     assert t.security.cipher == "aes-256-gcm"
-    assert t.link.datagram_size_bytes == 1472 and t.link.port == 3456
+    assert t.link.port == 3456
+    # auto: what the path toward link.host (127.0.0.1 by default: loopback) carries whole
+    assert t.link.datagram_size_bytes == 65000
+    assert t.link.datagram_size_note == "auto: MTU 65536 of lo toward 127.0.0.1"
     assert t.sender.kafka == {"bootstrap.servers": "high:9092"}
     assert t.sender.topics == ["orders"]
     for side, stages in topology.PIPELINES.items():
@@ -411,7 +414,7 @@ def test_reference_mentions_every_setting_key():
 def test_reference_documents_defaults():
     md = topology.reference_markdown()
     row = next(line for line in md.splitlines() if line.startswith("| `link.datagram.size"))
-    assert "`1472`" in row
+    assert "| int or auto | `'auto'` |" in row
     row = next(line for line in md.splitlines() if line.startswith("| `security.cipher`"))
     assert "`'aes-256-gcm'`" in row
 
@@ -476,3 +479,14 @@ def test_key_rotation_settings_are_checked():
     t = topology.from_dict(minimal(security={"next.password.env": "NEXT", "key.id": 3,
                                              "next.key.id": 4}), cpu_count=4)
     assert (t.security.key_id, t.security.next_key_id) == (3, 4)
+
+
+def test_a_datagram_size_is_auto_or_a_number_in_range():
+    t = topology.from_dict(minimal(link={"datagram.size.bytes": 8972}))
+    assert t.link.datagram_size_bytes == 8972 and t.link.datagram_size_note == ""
+    for bad, said in (("big", "must be auto or an integer, not 'big'"),
+                      (100, "must be between 256 and 65507, not 100"),
+                      (True, "must be auto or an integer, not True")):
+        with pytest.raises(TopologyError) as exc:
+            topology.from_dict(minimal(link={"datagram.size.bytes": bad}))
+        assert f"link.datagram.size.bytes: {said}" in str(exc.value)
