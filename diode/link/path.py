@@ -12,7 +12,6 @@ UDP socket's own address, no packet sent): on the sender, the egress device; on 
 where link.host is its own address, the device that holds it. Both sides of one link so agree.
 """
 
-import errno
 import ipaddress
 import math
 import socket
@@ -44,11 +43,9 @@ def toward(host: str) -> Path:
         with socket.socket(family, socket.SOCK_DGRAM) as s:
             s.connect((host, 9))
             source = s.getsockname()[0]
-    except OSError as exc:
-        if exc.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL) or \
-                isinstance(exc, socket.gaierror):
-            return Path(None, None, None)
-        raise
+    except (OSError, TypeError, UnicodeError, ValueError):
+        # no route, a name that does not resolve, or not a host name at all: not known here
+        return Path(None, None, None)
     source = source.split("%")[0]
     for device, addrs in psutil.net_if_addrs().items():
         if any(a.address.split("%")[0] == source for a in addrs):
