@@ -2,16 +2,18 @@
 
 It paces datagrams to link.rate.mbps (diode.link.pacing: the kernel's fq where the egress device has
 it, a sleeping pacer always) and, once the kernel has taken a datagram, acknowledges its records
-to the readers that read them: only then may their offsets be committed.
+to the readers that read them: only then may their offsets be committed. Consecutive datagrams of
+one size leave in one call (UDP GSO, diode.link.offload) where the kernel takes it.
 """
 
+import errno
 import socket
 import time
 from collections import deque
 
 import zmq
 
-from diode.link import pacing
+from diode.link import offload, pacing
 from diode.runtime import transport
 from diode.runtime.worker import Stage as BaseStage
 
@@ -33,6 +35,8 @@ class Stage(BaseStage):
         self.pacer = pacing.open_pacer(self.sock, link.host, link.rate_mbps * 1e6 / 8,
                                        link.datagram_size_bytes + IP_UDP_OVERHEAD, self.log)
         self.metrics.set("kernel_pacing", int(self.pacer.kernel))
+        refused = offload.gso_refused(family) if link.gso_enabled else "link.gso.enabled false"
+        self._gso(not refused, refused if link.gso_enabled else "")
         self.pending_acks: dict[int, list] = {}
         self.backlog = deque()  # (datagram, acks) taken from a packer, not yet sent
 
@@ -52,25 +56,41 @@ class Stage(BaseStage):
         self._send_backlog()
         return True
 
+    def _gso(self, on: bool, why: str = "") -> None:
+        self.gso = on
+        self.metrics.set("udp_offload", int(on))
+        if why:
+            self.log.warning("%s: one datagram per send call", why)
+
     def _send_backlog(self):
         while self.backlog:
-            datagram, acks = self.backlog[0]
+            head = [self.backlog[i][0] for i in range(min(len(self.backlog),
+                                                          offload.MAX_SEGMENTS))]
+            end, size = offload.batches(head)[0][1:] if self.gso else (1, len(head[0]))
+            group = head[:end]
+            wire_bytes = sum(map(len, group)) + IP_UDP_OVERHEAD * len(group)
             try:
                 for _ in range(self.t.link.copies):  # the receiver's replay window drops extras
-                    self.pacer.wait(len(datagram) + IP_UDP_OVERHEAD)
-                    self.sock.sendto(datagram, self.addr)
+                    self.pacer.wait(wire_bytes)
+                    offload.send_batch(self.sock, group, size, self.addr)
             except OSError as exc:
+                if self.gso and len(group) > 1 and exc.errno == errno.EINVAL:
+                    # (segments longer than the path's MTU, with link.allow.fragmentation)
+                    self._gso(False, f"UDP_SEGMENT refused for {size}-byte datagrams "
+                                     f"({exc.strerror})")
+                    continue
                 # Not handed to the kernel: not acknowledged, so never committed. Retried at the
                 # next step until the network comes back.
                 self.metrics.inc("errors", reason="send")
                 self.log.warning("sendto %s:%d failed (%s); retrying", *self.addr, exc)
                 time.sleep(0.2)
                 break
-            self.backlog.popleft()
-            self.metrics.inc("datagrams")
-            self.metrics.inc("bytes", len(datagram))
-            for reader, msg_id, n in acks:
-                self.pending_acks.setdefault(reader, []).append((msg_id, n))
+            for _ in group:
+                for reader, msg_id, n in self.backlog.popleft()[1]:
+                    self.pending_acks.setdefault(reader, []).append((msg_id, n))
+            self.metrics.inc("datagrams", len(group))
+            self.metrics.inc("syscalls", self.t.link.copies)
+            self.metrics.inc("bytes", wire_bytes - IP_UDP_OVERHEAD * len(group))
         self._flush_acks()
 
     def _flush_acks(self):

@@ -98,6 +98,8 @@ def _malformed(detail: str) -> FragmentRejected:
 def _check(f: Fragment) -> None:
     """Raise FragmentRejected('malformed_fragment') unless the fields can describe a fragment
     that `split` could have made."""
+    if 0 < f.count <= f.total and f.index < f.count and 0 < len(f.chunk) <= f.total:
+        return  # (the usual case: no message built)
     where = f"fragment {f.index} of group {f.group_id}"
     if f.count == 0:
         raise _malformed(f"{where}: count is 0")
@@ -109,9 +111,8 @@ def _check(f: Fragment) -> None:
         raise _malformed(f"{where}: {f.count} fragments cannot carry only {f.total} bytes")
     if not f.chunk:
         raise _malformed(f"{where}: empty chunk")
-    if len(f.chunk) > f.total:
-        raise _malformed(f"{where}: chunk of {len(f.chunk)} bytes is longer than the "
-                         f"{f.total}-byte payload")
+    raise _malformed(f"{where}: chunk of {len(f.chunk)} bytes is longer than the "
+                     f"{f.total}-byte payload")
 
 
 def parse(body) -> Fragment:

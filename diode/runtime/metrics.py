@@ -82,6 +82,10 @@ CATALOG = {
     "parity_datagrams": Metric("counter", ("packer", "unpacker"), "FEC parity datagrams"),
     "kernel_pacing": Metric("gauge", ("udp_sender",), "1 when the kernel (fq) paces the socket"),
     "receive_buffer_bytes": Metric("gauge", ("udp_reader",), "The socket's receive buffer"),
+    "udp_offload": Metric("gauge", ("udp_sender", "udp_reader"), "1 while the socket batches "
+                          "datagrams in the kernel (GSO on the sender, GRO on the receiver)"),
+    "syscalls": Metric("counter", ("udp_sender", "udp_reader"), "Send or receive calls on the "
+                       "link's socket (fewer than datagrams with GSO or GRO)"),
     "socket_drops": Metric("gauge", ("udp_reader",), "Datagrams the kernel dropped: the "
                            "socket's buffer was full"),
     "socket_queue_bytes": Metric("gauge", ("udp_reader",), "Bytes waiting in the socket"),
@@ -174,7 +178,8 @@ class Metrics:
                 table[(name, labels)] = 0
 
     def inc(self, name: str, n: float = 1, **labels) -> None:
-        self.counters[(name, tuple(sorted(labels.items())))] += n
+        # (per datagram on the receiver: an unlabelled count builds no label tuple)
+        self.counters[(name, tuple(sorted(labels.items())) if labels else ())] += n
 
     def set(self, name: str, value: float, **labels) -> None:
         key = (name, tuple(sorted(labels.items())))

@@ -179,6 +179,13 @@ class LinkSettings:
     receive_buffer_bytes: int = setting(
         33554432, "SO_RCVBUF the receiver asks for. The kernel caps it at net.core.rmem_max; the "
         "receiver warns with the sysctl to run when it gets less.", positive)
+    gso_enabled: bool = setting(
+        True, "The sender hands the kernel many datagrams of one size per call (UDP GSO), "
+        "each still a datagram of its own; where the kernel refuses, one per call (logged, "
+        "diode_udp_offload 0).")
+    gro_enabled: bool = setting(
+        True, "The receiver takes many datagrams per call from the kernel (UDP GRO); where "
+        "the kernel refuses, one per call (logged, diode_udp_offload 0).")
     # Not a setting: how datagram.size.bytes was chosen (auto: the device and its MTU).
     datagram_size_note: str = ""
 

@@ -21,6 +21,8 @@ import struct
 import sys
 import time
 
+from diode.link import offload
+
 from .net import rmem_max, udp_socket
 
 LENGTH = struct.Struct("!I")
@@ -87,6 +89,8 @@ def replay_main(argv) -> int:
     ap.add_argument("port", type=int)
     ap.add_argument("--rate-mbps", type=float, default=0.0)
     ap.add_argument("--queue-limit", type=int, default=2 << 20)
+    ap.add_argument("--no-gso", action="store_true",
+                    help="one datagram per send call (else UDP GSO, as diode's sender)")
     args = ap.parse_args(argv)
     stop = _stop_flag()
     with open(args.capture, "rb") as f:
@@ -128,10 +132,9 @@ def _send(sock, view, index, dest, args, stop, t0) -> tuple[int, int, int]:
         if rate:
             chunk = 0
             while i < len(index) and chunk < chunk_bytes:
-                start, n = index[i]
-                sock.sendto(view[start:start + n], dest)
-                chunk += n
-                i += 1
+                sent = _send_some(sock, view, index[i:i + offload.MAX_SEGMENTS], dest, args)
+                chunk += sent[1]
+                i += sent[0]
             nbytes += chunk
             ahead = t0 + nbytes / rate - time.monotonic()
             if ahead > 0:
@@ -142,8 +145,22 @@ def _send(sock, view, index, dest, args, stop, t0) -> tuple[int, int, int]:
             waits += 1
             time.sleep(0.0005)  # the receiver is behind: let it read
             continue
-        for start, n in index[i:i + CHUNK_DATAGRAMS]:
-            sock.sendto(view[start:start + n], dest)
-            nbytes += n
-        i = min(i + CHUNK_DATAGRAMS, len(index))
+        end = min(i + CHUNK_DATAGRAMS, len(index))
+        while i < end:
+            count, sent = _send_some(sock, view, index[i:end], dest, args)
+            i += count
+            nbytes += sent
     return i, nbytes, waits
+
+
+def _send_some(sock, view, entries, dest, args) -> tuple[int, int]:
+    """The first datagrams of `entries` in one call, as diode's udp_sender sends them (a GSO
+    batch, diode.link.offload; one datagram with --no-gso): (datagrams, bytes) sent."""
+    if args.no_gso:
+        start, n = entries[0]
+        sock.sendto(view[start:start + n], dest)
+        return 1, n
+    datagrams = [view[start:start + n] for start, n in entries[:offload.MAX_SEGMENTS]]
+    _, end, size = offload.batches(datagrams)[0]
+    offload.send_batch(sock, datagrams[:end], size, dest)
+    return end, sum(n for _, n in entries[:end])

@@ -43,13 +43,13 @@ def two_hosts(bed, start_brokers, broker_kind) -> tuple:
     return src, dst
 
 
-def two_host_topology(tmp_path, bed, src, dst):
+def two_host_topology(tmp_path, bed, src, dst, link=None):
     """Both sides' topology: the link to the receiving host over the pair, its size auto."""
     port = free_port(socket.SOCK_DGRAM)
     topo = write_topology(
         tmp_path, src.bootstrap, dst.bootstrap,
         link={"host": bed.low, "port": port, "bind.address": bed.low,
-              "datagram.size.bytes": "auto", "rate.mbps": 100},
+              "datagram.size.bytes": "auto", "rate.mbps": 100, **(link or {})},
         receiver={"missing.records.topic": "missing", "reorder.wait.ms": 500,
                   "checkpoint.interval.ms": 500},
         sender={"heartbeat.interval.ms": 300})
@@ -87,6 +87,10 @@ def test_records_cross_two_hosts_at_the_mtu_and_a_receiver_restart(tmp_path, tes
         capture_output=True, text=True, cwd=ROOT).stdout
     assert ip_counters(bed, "Udp")["InDatagrams"] - received > 600 // 3  # they came over UDP
     assert ip_counters(bed).get("ReasmReqds", 0) == reassembled  # and none in fragments
+    # many datagrams per call (GSO, GRO): fewer send calls than datagrams
+    assert sender.metric("udp_offload", "udp_sender") == 1
+    assert receiver.metric("udp_offload", "udp_reader") == 1
+    assert sender.metric("syscalls", "udp_sender") < sender.metric("datagrams", "udp_sender")
 
     assert receiver.stop() == 0
     produce(src.bootstrap, "src", records(300, 600))  # sent while no receiver reads
@@ -112,6 +116,26 @@ def test_records_cross_two_hosts_at_the_mtu_and_a_receiver_restart(tmp_path, tes
     assert not set(written) & set(missing) and max(written.values()) == 1
     assert set(missing.values()) <= {"receiver-down"}
     assert all((p, o) in written for p in range(2) for o in range(450, 600))  # after the restart
+    assert sender.stop() == 0 and receiver.stop() == 0
+
+
+def test_without_segmentation_offload_the_same_records_cross(tmp_path, testbed, start_brokers,
+                                                              broker_kind, launch):
+    """link.gso.enabled and link.gro.enabled false (as where the kernel refuses them): one
+    datagram per call, and the same records arrive."""
+    bed = testbed
+    src, dst = two_hosts(bed, start_brokers, broker_kind)
+    topo, _ = two_host_topology(tmp_path, bed, src, dst,
+                                link={"gso.enabled": False, "gro.enabled": False})
+    receiver = launch(topo, side="receiver", workers=RECEIVER_WORKERS, where=bed.run_in([]))
+    sender = launch(topo, side="sender", workers=SENDER_WORKERS)
+    sent = records(200)
+    produce(src.bootstrap, "src", sent)
+    got = consume(dst.bootstrap, "dst_src", 200, timeout=90, idle=1.0)
+    assert sorted(m.value() for m in got) == sorted(r["value"] for r in sent)
+    assert sender.metric("udp_offload", "udp_sender") == 0
+    assert receiver.metric("udp_offload", "udp_reader") == 0
+    assert sender.metric("syscalls", "udp_sender") == sender.metric("datagrams", "udp_sender")
     assert sender.stop() == 0 and receiver.stop() == 0
 
 

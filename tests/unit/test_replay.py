@@ -50,3 +50,35 @@ def test_memory_is_bounded_by_sessions():
         w.check(session, 1)
     assert len(w._sessions) == 10
     w.check(0, 1)  # forgotten session: accepted again (bounded memory beats a perfect memory)
+
+
+class Model:
+    """What the window promises, as a set: each number once, none older than the window."""
+
+    def __init__(self, window):
+        self.window, self.seen, self.highest = window, set(), None
+
+    def check(self, seq) -> bool:
+        if self.highest is not None and self.highest - seq >= self.window:
+            return False
+        if seq in self.seen:
+            return False
+        self.seen.add(seq)
+        self.highest = seq if self.highest is None else max(self.highest, seq)
+        return True
+
+
+def test_the_window_accepts_exactly_what_the_model_does():
+    rng = random.Random(5)
+    for window in (64, 128, 1024):
+        w, model = ReplayWindow(window=window), Model(window)
+        seq = 1000
+        for _ in range(20_000):
+            step = rng.choice((1, 1, 2, 3, -5, -40, -70, 70, 300, -window, window + 9))
+            seq = max(0, seq + step)
+            try:
+                w.check(9, seq)
+                ok = True
+            except RejectedDatagram:
+                ok = False
+            assert ok == model.check(seq), (window, seq)
