@@ -3,6 +3,7 @@ and Tansu, through diode.kafka.brokers: a test that takes `brokers` runs on each
 launched diode, and Kafka helpers that work on both (Tansu's "latest" offset is wrong, DESIGN.md
 §7, so consumers read until they have what they expect)."""
 
+import json
 import os
 import signal
 import socket
@@ -307,6 +308,13 @@ def read_until(cluster, topics, take, done, timeout: float = 120, idle: float = 
                     break
     finally:
         c.close()
+
+
+def missing_event(m) -> tuple[dict, range]:
+    """A missing-records event and the offsets it reports missing (none for a fill)."""
+    e = json.loads(m.value())
+    return e, range(e["firstOffset"], e["lastOffset"] + 1) if e["type"] == "missing" \
+        else range(0)
 
 
 def delete_topic(cluster: str, topic: str, timeout: float = 60) -> None:

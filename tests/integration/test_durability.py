@@ -7,14 +7,13 @@ end every source record is accounted for, record by record: written exactly once
 missing (and then never written), with the reason.
 """
 
-import json
 import signal
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tests.conftest import create_topic, produce, read_until, write_topology
+from tests.conftest import create_topic, missing_event, produce, read_until, write_topology
 
 PARTITIONS = 4
 
@@ -96,11 +95,10 @@ def audit(dst, total: int, timeout: float = 120, idle: float = 3.0) -> Audit:
 
     def take(m):
         if m.topic() == "missing":
-            e = json.loads(m.value())
+            e, offsets = missing_event(m)
             a.events.append(e)
-            if e["type"] == "missing":
-                for o in range(e["firstOffset"], e["lastOffset"] + 1):
-                    a.missing.setdefault((e["sourcePartition"], o), []).append(e["reason"])
+            for o in offsets:
+                a.missing.setdefault((e["sourcePartition"], o), []).append(e["reason"])
         else:
             h = dict(m.headers())
             a.written[(int(h["sourcePartition"]), int(h["sourceOffset"]))] += 1

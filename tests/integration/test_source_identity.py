@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from confluent_kafka.admin import AdminClient
 
 from diode.kafka.brokers import free_port
-from tests.conftest import (ROOT, Launched, client, create_topic, produce, read_until,
-                            recreate, topic_id, write_topology)
+from tests.conftest import (ROOT, Launched, client, create_topic, missing_event, produce,
+                            read_until, recreate, topic_id, write_topology)
 
 PARTITIONS = 2
 
@@ -58,12 +58,11 @@ def audit(dst, done, timeout: float = 120, idle: float = 3.0) -> Audit:
 
     def take(m):
         if m.topic() == "missing":
-            e = json.loads(m.value())
+            e, offsets = missing_event(m)
             a.events.append(e)
-            if e["type"] == "missing":
-                for o in range(e["firstOffset"], e["lastOffset"] + 1):
-                    a.missing.setdefault((e["sourceTopicId"], e["sourcePartition"], o),
-                                         []).append(e["reason"])
+            for o in offsets:
+                a.missing.setdefault((e["sourceTopicId"], e["sourcePartition"], o),
+                                     []).append(e["reason"])
         else:
             h = dict(m.headers())
             a.written[(h["sourceTopicId"].decode(), int(h["sourcePartition"]),
