@@ -222,7 +222,7 @@ class Stage(BaseStage):
     def _take_input(self) -> None:
         """Offer what the unpackers sent to the partitions' states."""
         for frames in transport.drain(self.input, INPUT_MESSAGES):
-            index, origins, claims, beats, mark, notices = transport.loads(frames[0])
+            index, origins, claims, beats, mark, notices, lengths = transport.loads(frames[0])
             if not self.trusted[index] and any(n >= self.started for n in notices):
                 self.trusted[index] = True
             for claim in claims:
@@ -230,7 +230,7 @@ class Stage(BaseStage):
                     self._claim(claim)
                 else:
                     self.unrecovered[claim[0]].append(claim)
-            for frame, origin in zip(frames[1:], origins):
+            for frame, origin in zip(transport.split(lengths, frames[1]), origins):
                 run = self._decode(frame)
                 if run is None:
                     continue

@@ -102,10 +102,15 @@ class Stage(BaseStage):
             self.parity.append(self.sealer.seal(out.payload, wire.KIND_PARITY,
                                                 routing_key=out.block_id))
 
+    def _put(self, datagrams: list, meta: list) -> None:
+        """Datagrams to the udp_sender in one frame, with what each acknowledges."""
+        lengths, body = transport.join(datagrams)
+        self.out.put([transport.dumps((meta, lengths)), body])
+
     def _send(self, datagrams, meta) -> None:
         """Datagrams (with what each acknowledges), then any parity that became due."""
         parity, self.parity = self.parity, []
-        self.out.put([transport.dumps(meta + [[] for _ in parity])] + datagrams + parity)
+        self._put(datagrams + parity, meta + [[] for _ in parity])
         self.metrics.inc("datagrams", len(datagrams))
         self.metrics.inc("parity_datagrams", len(parity))
         self.metrics.inc("bytes", sum(map(len, datagrams)) + sum(map(len, parity)))
@@ -158,7 +163,7 @@ class Stage(BaseStage):
         chunks.append(chunk)
         datagrams = [self.sealer.seal(wire.encode_heartbeat({**beat, "partitions": c}),
                                       wire.KIND_HEARTBEAT) for c in chunks]
-        self.out.put([transport.dumps([[] for _ in datagrams])] + datagrams)
+        self._put(datagrams, [[] for _ in datagrams])
         self.metrics.inc("heartbeat_datagrams", len(datagrams))
 
     # -- records too large for a datagram ----------------------------------------------------

@@ -7,16 +7,17 @@ Every datagram whose fixed header is ours is appended to the receive journal
 (diode.runtime.journal), still encrypted, before it goes on; one too short or not ours (wrong magic
 or version) is counted and dropped here, and nothing else in it is trusted or even looked at.
 Datagrams go to unpackers by the routing key of their fixed header (routing key % unpackers),
-several per ZeroMQ message.
+many per ZeroMQ message, in one frame.
 
 Forwarding is a cursor over the journal. While the unpackers keep up, a batch goes on as it was
 read; while they are behind (a destination outage), the reader keeps reading the socket into the
 journal, up to receiver.journal.max.bytes, and forwards from the journal when there is room.
 
 Messages to an unpacker, a control frame first (pickled, ours alone):
-- ("data", replayed, positions, seen, datagrams follow): `seen` is this reader's clock when the
-  datagrams were read; `replayed`: they come again from the journal after a restart (the
-  unpacker's replay window has seen them, or not: their records' dedup decides);
+- ("data", replayed, positions, seen, lengths), then one frame of the datagrams end to end
+  (transport.join): `seen` is this reader's clock when the datagrams were read; `replayed`: they
+  come again from the journal after a restart (the unpacker's replay window has seen them, or
+  not: their records' dedup decides);
 - ("mark", position, seen): every datagram below `position`, and every one read before `seen`,
   has been forwarded in this message stream. Writers measure the reorder wait on this clock, so
   a queue or a dead worker downstream never turns into a false gap, and checkpoint up to the
@@ -295,7 +296,8 @@ class Stage(BaseStage):
             frames.append(datagram)
         for out, (positions, frames) in zip(self.outs, per):
             if frames:
-                out.put([transport.dumps(("data", replayed, positions, seen)), *frames])
+                lengths, body = transport.join(frames)
+                out.put([transport.dumps(("data", replayed, positions, seen, lengths)), body])
         if replayed:
             self.metrics.inc("replayed_datagrams", len(items))
 

@@ -52,7 +52,8 @@ class Stage(BaseStage):
         if not got:
             return True
         for frames in transport.drain(self.input, 16):
-            self.backlog.extend(zip(frames[1:], transport.loads(frames[0])))
+            meta, lengths = transport.loads(frames[0])
+            self.backlog.extend(zip(transport.split(lengths, frames[1]), meta))
         self._send_backlog()
         return True
 

@@ -81,8 +81,8 @@ class Stage(BaseStage):
         for frames in transport.drain(self.input, 8):
             control = transport.loads(frames[0])
             if control[0] == "data":
-                _, replayed, positions, seen = control
-                for position, datagram in zip(positions, frames[1:]):
+                _, replayed, positions, seen, lengths = control
+                for position, datagram in zip(positions, transport.split(lengths, frames[1])):
                     self.unpack(datagram, msgs, (position, seen, replayed))
             elif control[0] == "mark":
                 if self.trusted:
@@ -94,8 +94,9 @@ class Stage(BaseStage):
                     self.trusted = True
         for out, (frames, origins, claims, beats) in zip(self.outs, msgs):
             if frames or claims or beats or mark or notices:
+                lengths, body = transport.join(frames)
                 out.put([transport.dumps((self.ctx.spec.index, origins, claims, beats, mark,
-                                          notices)), *frames])
+                                          notices, lengths)), body])
         return True
 
     def sample_metrics(self):

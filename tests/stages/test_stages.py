@@ -74,18 +74,26 @@ def writer_messages(sock):
     notices left out)."""
     out = []
     for frames in transport.drain(sock):
-        _, origins, claims, beats, _, _ = transport.loads(frames[0])
-        assert len(origins) == len(frames) - 1
-        if len(frames) > 1 or claims or beats:
-            out.append(([r for f in frames[1:] for r in runs.Run.decode(f).records()], claims,
+        _, origins, claims, beats, _, _, lengths = transport.loads(frames[0])
+        found = transport.split(lengths, frames[1])
+        assert len(origins) == len(found)
+        if found or claims or beats:
+            out.append(([r for f in found for r in runs.Run.decode(f).records()], claims,
                         beats))
     return out
 
 
 def datagrams_message(*datagrams, first=0):
     """What the udp_reader sends an unpacker: datagrams read just now, at journal positions."""
+    lengths, body = transport.join(list(datagrams))
     return [transport.dumps(("data", False, list(range(first, first + len(datagrams))),
-                             time.monotonic())), *datagrams]
+                             time.monotonic(), lengths)), body]
+
+
+def datagrams_in(frames) -> list:
+    """The datagrams of a message from the udp_reader (none in a mark or a notice)."""
+    control = transport.loads(frames[0])
+    return transport.split(control[4], frames[1]) if control[0] == "data" else []
 
 
 def unpacker_with_writers(zctx, writers: int):
@@ -150,8 +158,8 @@ def test_udp_reader_routes_by_key_and_drops_what_is_not_ours(zctx):
         s.sendto(dg, ("127.0.0.1", t.link.port))
     run_until(r, lambda: r.metrics.get("datagrams") == 13)
     r.step()
-    routed = [[d for frames in transport.drain(u) for d in frames[1:]
-               if transport.loads(frames[0])[0] == "data"] for u in unpackers]
+    routed = [[bytes(d) for frames in transport.drain(u) for d in datagrams_in(frames)]
+              for u in unpackers]
     for i in range(2):  # by the routing key's lane: keys that step evenly spread too
         assert sorted(routed[i]) == sorted(
             dg for dg in datagrams if udp_reader.lane(wire.parse_header(dg).routing_key) % 2 == i)
@@ -161,11 +169,26 @@ def test_udp_reader_routes_by_key_and_drops_what_is_not_ours(zctx):
     r.close()
 
 
-def test_packer_fills_datagrams_and_reports_what_each_carries(zctx):
-    t = topology()
+def packer_wired(zctx):
+    """A packer between a feed (as from a kafka_reader) and a sink (as a udp_sender)."""
     out = sink(zctx, "sender", "udp_sender")
-    p = make_stage(zctx, t, "sender", "packer")
-    feed = source(zctx, "sender", "packer")
+    return make_stage(zctx, topology(), "sender", "packer"), source(zctx, "sender", "packer"), out
+
+
+def packer_step(p, out) -> list:
+    """One step of the packer: [(datagram, what it acknowledges)] it sent the udp_sender."""
+    p.step()
+    sent = []
+    for frames in transport.drain(out):
+        meta, lengths = transport.loads(frames[0])
+        found = transport.split(lengths, frames[1])
+        assert len(meta) == len(found)
+        sent += zip(found, meta)
+    return sent
+
+
+def test_packer_fills_datagrams_and_reports_what_each_carries(zctx):
+    p, feed, out = packer_wired(zctx)
     recs = records(500)
     feed.send_multipart([transport.dumps(("runs", 0, 77, [300])), runs.from_records(recs[:300])])
     feed.send_multipart([transport.dumps(("runs", 0, 78, [200])), runs.from_records(recs[300:])])
@@ -173,20 +196,39 @@ def test_packer_fills_datagrams_and_reports_what_each_carries(zctx):
     keyring = crypto.Keyring(1, MASTER)
     deadline = time.monotonic() + 5
     while len(got) < 500 and time.monotonic() < deadline:
-        p.step()
-        for frames in transport.drain(out):
-            meta = transport.loads(frames[0])
-            assert len(meta) == len(frames) - 1
-            for dg, tags in zip(frames[1:], meta):
-                assert len(dg) <= 1472
-                decoded, _ = wire.open_datagram(dg, keyring)
-                got += decoded
-                assert sum(n for _, _, n in tags) == len(decoded)
-                for reader, msg_id, n in tags:
-                    acks[msg_id] = acks.get(msg_id, 0) + n
+        for dg, tags in packer_step(p, out):
+            assert len(dg) <= 1472
+            decoded, _ = wire.open_datagram(dg, keyring)
+            got += decoded
+            assert sum(n for _, _, n in tags) == len(decoded)
+            for reader, msg_id, n in tags:
+                acks[msg_id] = acks.get(msg_id, 0) + n
     assert got == recs  # in order, each once
     assert acks == {77: 300, 78: 200}
     assert p.metrics.get("datagrams") > 10  # 500 records of ~40 bytes do not fit in one
+
+
+def test_packer_seals_a_readers_heartbeat_after_what_it_holds(zctx):
+    p, feed, out = packer_wired(zctx)
+    recs = records(5)
+    claim = ["t", 0, bytes(range(16)), 0, 4, 4, False]
+    beat = {"reader": 0, "time_ms": 1, "interval_ms": 1000, "partitions": [claim],
+            "cluster": "c", "counters": {"records": 5, "rewinds": 0, "inflight": 0}}
+    feed.send_multipart([transport.dumps(("runs", 0, 77, [5])), runs.from_records(recs)])
+    feed.send_multipart([transport.dumps(("heartbeat", beat))])
+    keyring = crypto.Keyring(1, MASTER)
+    kinds, beats = [], []
+    deadline = time.monotonic() + 5
+    while not beats and time.monotonic() < deadline:
+        for dg, tags in packer_step(p, out):
+            h, payload = wire.unseal(dg, keyring)
+            kinds.append(h.kind)
+            if h.kind == wire.KIND_HEARTBEAT:
+                assert tags == []  # (a heartbeat acknowledges no record)
+                beats.append(wire.decode_heartbeat(payload))
+    assert kinds == [wire.KIND_DATA, wire.KIND_HEARTBEAT]
+    assert [list(c) for c in beats[0]["partitions"]] == [claim]
+    assert beats[0]["cluster"] == "c"
 
 
 def test_udp_sender_keeps_acknowledgements_until_its_reader_is_there(zctx, tmp_path):
@@ -202,7 +244,8 @@ def test_udp_sender_keeps_acknowledgements_until_its_reader_is_there(zctx, tmp_p
                                                Metrics({"stage": "udp_sender"})))
     s.open()
     feed = transport.push(zctx, [s.ctx.bound("in")], 10)  # as a packer reaches it
-    feed.send_multipart([transport.dumps([[(0, 77, 5)], [(0, 78, 2)]]), b"one", b"two"])
+    lengths, body = transport.join([b"one", b"two"])
+    feed.send_multipart([transport.dumps(([[(0, 77, 5)], [(0, 78, 2)]], lengths)), body])
     run_until(s, lambda: s.metrics.get("datagrams") == 2)
     for _ in range(3):
         s.step()  # no reader yet
@@ -282,8 +325,9 @@ def test_writer_counts_and_drops_runs_it_cannot_decode_or_does_not_own(zctx):
     broken = bytearray(good)
     struct.pack_into("<q", broken, runs.HEADER_BYTES + 1 + 8, 0)  # offsets 0, 0, 2
     origin = (0, time.monotonic(), False)
-    feed.send_multipart([transport.dumps((0, [origin] * 4, [], [], None, [])), b"garbage",
-                         bytes(broken), runs.from_records(records(3, partition=theirs), 8), good])
+    lengths, body = transport.join([b"garbage", bytes(broken),
+                                    runs.from_records(records(3, partition=theirs), 8), good])
+    feed.send_multipart([transport.dumps((0, [origin] * 4, [], [], None, [], lengths)), body])
     run_until(w, lambda: w.metrics.get("rejects", reason="misrouted") == 1, timeout=15)
     assert w.metrics.get("rejects", reason="decode_failed") == 2
     # the good run waits for its destination (there is none to read or write here)
