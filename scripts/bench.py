@@ -1,7 +1,9 @@
 """Throughput benchmark: diode end to end, and each side alone, against plain Kafka processes.
 
-Run with ./scripts/bench (it installs .venv first). Everything runs on 127.0.0.1, on embedded
-brokers (--broker: Apache Kafka by default, or Tansu): per record size, a source broker with N
+Run with ./scripts/bench (it installs .venv first). Everything runs on 127.0.0.1 (or, with
+--path veth, the receiving side on a second host of the two-host test bed: diode.testbed), on
+embedded brokers (--broker: Apache Kafka by default, or Tansu): per record size, a source broker
+with N
 records pre-produced to a 4-partition topic before anything is timed, and a fresh destination
 broker for every measurement. --mode picks what is measured (docs/performance.md):
 
@@ -37,12 +39,14 @@ import sys
 import tempfile
 import time
 
-from benchlib import baselines, e2e, memory, net, receiver, report, sender, udp
+from benchlib import baselines, e2e, iperf, memory, net, receiver, report, sender, udp
 from benchlib.profile import py_spy
 from benchlib.resources import INTERRUPTED, Bench, Resources, check_interrupted, log
 from benchlib.workload import SIZES, Source, create_topic, preproduce, warm_up_offsets
 
+from diode import testbed
 from diode.kafka.brokers import KINDS
+from diode.link import path as link_path
 
 MODES = {"e2e": e2e, "sender": sender, "receiver": receiver}
 SUBPROCESS_MODES = {"_relay": baselines.relay_main, "_consume": baselines.consume_main,
@@ -75,7 +79,21 @@ def parse_args(argv):
     ap.add_argument("--compressible", action="store_true",
                     help="values half random, half a repeated pattern (about 2:1), instead of "
                          "random bytes (incompressible)")
-    ap.add_argument("--datagram-bytes", type=int, default=65000)
+    ap.add_argument("--datagram-bytes", default="1472",
+                    help="link.datagram.size.bytes (default 1472: an Ethernet frame's, as a "
+                         "real link runs; auto: what diode picks for the path, 65000 on "
+                         "loopback)")
+    ap.add_argument("--path", default="loopback", choices=("loopback", "veth"),
+                    help="loopback (default): both sides on 127.0.0.1; veth: the receiving "
+                         "side (sink or receiver, destination broker) on the other host of "
+                         "the two-host test bed, across a veth pair of --mtu (needs root; "
+                         "sender and receiver modes)")
+    ap.add_argument("--mtu", type=int, default=1500, help="the veth pair's MTU (default 1500)")
+    ap.add_argument("--no-offload", action="store_true",
+                    help="UDP GSO and GRO off (link.gso.enabled, link.gro.enabled false; the "
+                         "replayer sends one datagram per call)")
+    ap.add_argument("--no-anchor", action="store_true",
+                    help="sender and receiver modes: skip the iperf3 UDP run on the same path")
     ap.add_argument("--rate-mbps", type=float, default=0.0,
                     help="link.rate.mbps of the first diode run (0: unpaced); in receiver mode "
                          "the replayer's pace (0: as fast as the receiver's socket is read)")
@@ -125,6 +143,13 @@ def parse_args(argv):
     args = ap.parse_args(argv)
     if not args.receive_buffer:
         args.receive_buffer = net.rmem_max() or 4 * 1024 * 1024
+    if args.datagram_bytes != "auto":
+        try:
+            args.datagram_bytes = int(args.datagram_bytes)
+        except ValueError:
+            ap.error(f"--datagram-bytes: a number or auto, not {args.datagram_bytes!r}")
+    if args.path == "veth" and args.mode not in ("sender", "receiver"):
+        ap.error("--path veth measures one side alone: --mode sender or --mode receiver")
     return args
 
 
@@ -135,11 +160,34 @@ def setup(args) -> Bench:
     b = Bench(args, Resources(args.broker), tempfile.mkdtemp(prefix="diode-bench-"))
     if not args.keep:
         b.res.dirs.append(b.work)
+    if args.path == "veth":
+        b.res.bed = testbed.up(testbed.plan("diode-bench", args.mtu))
+        log(f"test bed: the receiving host is {b.res.bed.low} in namespace {b.res.bed.name}, "
+            f"across a veth pair of MTU {args.mtu}")
     if args.profile is not None:
         b.profile_dir = args.profile or tempfile.mkdtemp(
             prefix=f"diode-bench-profiles-{time.strftime('%Y%m%d-%H%M%S')}-")
         os.makedirs(b.profile_dir, exist_ok=True)
     return b
+
+
+def datagram_bytes(b: Bench) -> int:
+    """The datagram size the runs use (what `auto` picks on this path)."""
+    if b.args.datagram_bytes != "auto":
+        return b.args.datagram_bytes
+    return link_path.toward(b.res.link_host).unfragmented(b.res.link_host) or 1472
+
+
+def anchor(b: Bench) -> dict:
+    size = datagram_bytes(b)
+    log(f"anchor: iperf3 UDP, {size}-byte datagrams to {b.res.link_host}, {iperf.SECONDS} s")
+    found = {"datagram_bytes": size, **iperf.measure(b, size)}
+    if "error" in found:
+        log(f"anchor: {found['error']}")
+    else:
+        log(f"anchor: iperf3 sent {found['sender_mbps']:,.0f} Mbit/s, received "
+            f"{found['receiver_mbps']:,.0f} Mbit/s ({found['lost_percent']:.1f} % lost)")
+    return found
 
 
 def measure_all(b: Bench, modes: list, sizes: list, results: dict) -> None:
@@ -186,6 +234,8 @@ def main(argv) -> int:
                     "platform": platform.platform(), "rmem_max": net.rmem_max()},
         "settings": {"compression": args.compression, "compressible": args.compressible,
                      "cipher": "aes-256-gcm", "datagram_bytes": args.datagram_bytes,
+                     "path": args.path, "mtu": args.mtu if args.path == "veth" else None,
+                     "offload": not args.no_offload,
                      "receive_buffer_bytes": args.receive_buffer, "workers": workers,
                      "verify": args.verify, "meter_interval_seconds": args.meter_interval},
         "value_bytes": {s: SIZES[s] for s in sizes},
@@ -200,6 +250,8 @@ def main(argv) -> int:
         if args.mode == "memory":
             results["modes"]["memory"] = memory.run(b)
         else:
+            if set(modes) & {"sender", "receiver"} and not args.no_anchor:
+                results["anchor"] = anchor(b)
             measure_all(b, modes, sizes, results)
     except KeyboardInterrupt:
         log("interrupted: cleaning up")
@@ -215,6 +267,8 @@ def main(argv) -> int:
             continue
         result["summary"] = report.summarise(result["sizes"])
         report.print_mode(mode, result, results["value_bytes"], args.broker)
+    if "anchor" in results:
+        report.print_anchor(results["anchor"], args.path)
     if "e2e" in results["modes"]:  # where the JSON line had them before there were modes
         results["sizes"] = results["modes"]["e2e"]["sizes"]
         results["summary"] = results["modes"]["e2e"]["summary"]

@@ -6,7 +6,6 @@ to the readers that read them: only then may their offsets be committed. Consecu
 one size leave in one call (UDP GSO, diode.link.offload) where the kernel takes it.
 """
 
-import errno
 import socket
 import time
 from collections import deque
@@ -75,7 +74,7 @@ class Stage(BaseStage):
                     self.pacer.wait(wire_bytes)
                     offload.send_batch(self.sock, group, size, self.addr)
             except OSError as exc:
-                if self.gso and len(group) > 1 and exc.errno == errno.EINVAL:
+                if self.gso and offload.refused(exc, len(group)):
                     # (segments longer than the path's MTU, with link.allow.fragmentation)
                     self._gso(False, f"UDP_SEGMENT refused for {size}-byte datagrams "
                                      f"({exc.strerror})")

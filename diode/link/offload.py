@@ -15,6 +15,7 @@ Either may be refused (an old kernel, another platform): the stage then sends or
 datagram per call, says so once in its log and exports it (`diode_udp_offload`).
 """
 
+import errno
 import socket
 import struct
 
@@ -44,6 +45,14 @@ def gso_refused(family: int = socket.AF_INET) -> str:
     except OSError as exc:
         return f"UDP_SEGMENT refused by the kernel ({exc.strerror})"
     return ""
+
+
+def refused(exc: OSError, segments: int) -> bool:
+    """Whether a failed send of `segments` datagrams was the kernel refusing the batch, not the
+    network failing: EINVAL (no UDP_SEGMENT here), EMSGSIZE (segments longer than the egress
+    device's MTU: datagrams the path fragments, with link.allow.fragmentation) or EIO (a device
+    that cannot checksum them). Sent one datagram per call, the same datagrams go."""
+    return segments > 1 and exc.errno in (errno.EINVAL, errno.EMSGSIZE, errno.EIO)
 
 
 def segment_size(ancdata) -> int | None:

@@ -6,12 +6,14 @@ import os
 from pathlib import Path
 
 
-def sockets():
+def sockets(pid: int | None = None):
     """Every UDP socket: {"local": "0100007F:0D80", "inode": int, "rx_queue": bytes,
-    "drops": datagrams}; nothing where /proc cannot be read."""
+    "drops": datagrams}; nothing where /proc cannot be read. `pid`: those of the network
+    namespace of that process (another host on the test bed), not this one's."""
+    where = f"/proc/{pid}/net" if pid else "/proc/net"
     for name in ("udp", "udp6"):
         try:
-            lines = Path(f"/proc/net/{name}").read_text().splitlines()[1:]
+            lines = Path(f"{where}/{name}").read_text().splitlines()[1:]
         except OSError:
             continue
         for line in lines:

@@ -181,8 +181,9 @@ class LinkSettings:
         "receiver warns with the sysctl to run when it gets less.", positive)
     gso_enabled: bool = setting(
         True, "The sender hands the kernel many datagrams of one size per call (UDP GSO), "
-        "each still a datagram of its own; where the kernel refuses, one per call (logged, "
-        "diode_udp_offload 0).")
+        "each still a datagram of its own; where the kernel refuses (no UDP_SEGMENT, or "
+        "datagrams longer than the device's MTU with allow.fragmentation), one per call "
+        "(logged, diode_udp_offload 0).")
     gro_enabled: bool = setting(
         True, "The receiver takes many datagrams per call from the kernel (UDP GRO); where "
         "the kernel refuses, one per call (logged, diode_udp_offload 0).")

@@ -30,9 +30,10 @@ def topology(b: Bench, name: str, src: str, dst: str, topic: str, prefix: str, u
     cfg = {
         "name": name,
         "compression": args.compression,
-        "link": {"host": "127.0.0.1", "port": udp_port, "bind.address": "127.0.0.1",
+        "link": {"host": b.res.link_host, "port": udp_port, "bind.address": b.res.link_host,
                  "datagram.size.bytes": args.datagram_bytes, "rate.mbps": rate_mbps,
-                 "receive.buffer.bytes": args.receive_buffer},
+                 "receive.buffer.bytes": args.receive_buffer,
+                 "gso.enabled": not args.no_offload, "gro.enabled": not args.no_offload},
         "security": {"cipher": "aes-256-gcm", "password.file": b.secret,
                      "salt": "diode-bench-salt"},
         "sender": {"kafka": {"bootstrap.servers": src}, "topics": [topic],
@@ -84,6 +85,8 @@ class DiodeLaunch:
         cmd = [str(REPO / ".venv/bin/diode"), "launch", self.path]
         if self.side != "both":
             cmd += ["--side", self.side]
+        if self.side == "receiver":
+            cmd = self.b.res.low_host(cmd)
         self.started = time.monotonic()
         self.proc = self.b.res.popen(cmd, log_path=self.logfile, cwd=self.b.work)
         return self.proc

@@ -1,5 +1,8 @@
-"""What the kernel says about UDP sockets on 127.0.0.1 (Linux /proc files; None or -1 elsewhere)."""
+"""What the kernel says about UDP sockets (Linux /proc files; None or -1 elsewhere): on
+127.0.0.1, or on the test bed's receiving host (an address there, and a process that runs there
+to see its network namespace through)."""
 
+import socket
 from pathlib import Path
 
 
@@ -20,16 +23,17 @@ def udp_rcvbuf_errors() -> int:
         return -1
 
 
-def udp_socket(port: int) -> dict | None:
-    """The socket bound to 127.0.0.1:`port` as /proc/net/udp shows it: `rx_queue`, the bytes
-    waiting in its receive buffer (as the kernel charges them, overhead included), and `drops`,
-    the datagrams discarded because that buffer was full. None while nothing is bound there."""
+def udp_socket(port: int, host: str = "127.0.0.1", pid: int | None = None) -> dict | None:
+    """The socket bound to `host`:`port` as /proc/net/udp shows it (that of `pid`'s network
+    namespace with a pid): `rx_queue`, the bytes waiting in its receive buffer (as the kernel
+    charges them, overhead included), and `drops`, the datagrams discarded because that buffer
+    was full. None while nothing is bound there."""
     from diode.link import udpstat
-    want = f"0100007F:{port:04X}"
-    return next(({"rx_queue": s["rx_queue"], "drops": s["drops"]} for s in udpstat.sockets()
-                 if s["local"] == want), None)
+    want = f"{socket.inet_aton(host)[::-1].hex().upper()}:{port:04X}"
+    return next(({"rx_queue": s["rx_queue"], "drops": s["drops"]}
+                 for s in udpstat.sockets(pid) if s["local"] == want), None)
 
 
-def udp_socket_drops(port: int) -> int | None:
-    s = udp_socket(port)
+def udp_socket_drops(port: int, host: str = "127.0.0.1", pid: int | None = None) -> int | None:
+    s = udp_socket(port, host, pid)
     return None if s is None else s["drops"]

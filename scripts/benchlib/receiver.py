@@ -43,7 +43,7 @@ def run(b: Bench, s: Source) -> list:
 def diode(b: Bench, s: Source, capture: str, tag: str, rate_mbps: float) -> dict:
     args, res = b.args, b.res
     name = f"receiver-{s.size_name}-{tag}"
-    dst = res.broker(f"dest-{name}", b.work)
+    dst = res.broker(f"dest-{name}", b.work, low=True)
     prefix = f"r{tag}_"
     dest_topic = prefix + s.topic
     create_topic(dst.bootstrap, dest_topic)
@@ -57,7 +57,9 @@ def diode(b: Bench, s: Source, capture: str, tag: str, rate_mbps: float) -> dict
         + (f"at {rate_mbps:g} Mbit/s" if rate_mbps else "as fast as its socket is read"))
     proc = launch.start()
     replayer = res.popen(bench_mode("_replay", capture, port, "--rate-mbps", rate_mbps,
-                                    "--queue-limit", args.receive_buffer // 2),
+                                    "--queue-limit", args.receive_buffer // 2,
+                                    "--host", res.link_host, "--netns-pid", proc.pid,
+                                    *(["--no-gso"] if args.no_offload else [])),
                          log_path=os.path.join(b.work, f"replay-{name}.log"), pipes=True)
     cpu = CpuWatch(proc.pid, diode_label, [dst], {"replayer": [replayer.pid]})
     prof = Profiler(b, name, cpu) if b.profile_dir else None
@@ -78,7 +80,7 @@ def diode(b: Bench, s: Source, capture: str, tag: str, rate_mbps: float) -> dict
         if prof is not None:
             b.profiles.append(prof.stop())
         replay = read_json(replayer, "done ", 10 if end["ended"] == "complete" else 1)
-        drops = net.udp_socket_drops(port)
+        drops = net.udp_socket_drops(port, res.link_host, proc.pid)
         launch.stop()
         meter.final()
         if args.verify:
@@ -105,7 +107,7 @@ def diode(b: Bench, s: Source, capture: str, tag: str, rate_mbps: float) -> dict
 
 def producer(b: Bench, s: Source, tag: str) -> dict:
     args, res = b.args, b.res
-    dst = res.broker(f"dest-producer-{s.size_name}-{tag}", b.work)
+    dst = res.broker(f"dest-producer-{s.size_name}-{tag}", b.work, low=True)
     dest_topic = f"producer{tag}_" + s.topic
     create_topic(dst.bootstrap, dest_topic)
     logfile = os.path.join(b.work, f"producer-{s.size_name}-{tag}.log")

@@ -213,3 +213,15 @@ def print_memory(result: dict, file=sys.stdout) -> None:
     if r.get("duplicates"):
         p(f"duplicates: {r['duplicates']}")
     p()
+
+
+def print_anchor(found: dict, path: str) -> None:
+    """The iperf3 line under the tables (benchlib.iperf)."""
+    size = found.get("datagram_bytes")
+    if "error" in found:
+        print(f"\nanchor (iperf3 UDP, {size}-byte datagrams, {path}): none: {found['error']}")
+        return
+    print(f"\nanchor (iperf3 -u -b 0 -l {size}, {path}, {found.get('seconds', 5)} s): sent "
+          f"{found['sender_mbps']:,.0f} Mbit/s, received {found['receiver_mbps']:,.0f} Mbit/s "
+          f"({found['datagrams_per_second']:,.0f} datagrams/s, {found['lost_percent']:.1f} % "
+          f"lost)")

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from diode import testbed
 from diode.kafka.brokers import EmbeddedBroker, free_port, make_broker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,13 +52,19 @@ def bench_mode(mode: str, *args) -> list[str]:
 class Resources:
     def __init__(self, broker_kind: str):
         self.broker_kind = broker_kind
+        self.bed = None                   # the two-host test bed (--path veth), or None
         self.brokers: list[EmbeddedBroker] = []
         self.procs: list[subprocess.Popen] = []
         self.dirs: list[str] = []
 
-    def broker(self, name: str, workdir: str) -> EmbeddedBroker:
-        b = make_broker(self.broker_kind, name, f"127.0.0.1:{free_port()}",
-                        os.path.join(workdir, f"{name}.log"))
+    def broker(self, name: str, workdir: str, low: bool = False) -> EmbeddedBroker:
+        """A broker on 127.0.0.1, or with `low` on the receiving host of the test bed (where
+        there is one)."""
+        low = low and self.bed is not None
+        b = make_broker(self.broker_kind, name,
+                        f"{self.bed.low if low else '127.0.0.1'}:{free_port()}",
+                        os.path.join(workdir, f"{name}.log"),
+                        where=self.bed.run_in([]) if low else ())
         self.brokers.append(b)
         b.start()
         return b
@@ -123,6 +130,18 @@ class Resources:
             self.stop_broker(b)
         for d in self.dirs:
             shutil.rmtree(d, ignore_errors=True)
+        if self.bed is not None:
+            testbed.down(self.bed)
+            self.bed = None
+
+    def low_host(self, argv: list) -> list:
+        """`argv` run on the receiving host: in the test bed's namespace, or here."""
+        return self.bed.run_in(argv) if self.bed is not None else list(argv)
+
+    @property
+    def link_host(self) -> str:
+        """The receiving host's address: the test bed's far end, or 127.0.0.1."""
+        return self.bed.low if self.bed is not None else "127.0.0.1"
 
 
 def read_line(p: subprocess.Popen, prefix: str, timeout: float) -> str | None:

@@ -52,7 +52,8 @@ def capture(b: Bench, s: Source) -> tuple[str, dict]:
 def diode(b: Bench, s: Source, tag: str, rate_mbps: float, capture_to: str | None = None):
     args, res = b.args, b.res
     name = f"sender-{s.size_name}-{tag}"
-    sink = res.popen(bench_mode("_sink", *(["--capture", capture_to] if capture_to else [])),
+    sink = res.popen(res.low_host(bench_mode("_sink", "--bind", res.link_host,
+                                             *(["--capture", capture_to] if capture_to else []))),
                      log_path=os.path.join(b.work, f"sink-{name}.log"), pipes=True)
     line = read_line(sink, "port ", 15)
     if line is None:
@@ -75,7 +76,7 @@ def diode(b: Bench, s: Source, tag: str, rate_mbps: float, capture_to: str | Non
             b.profiles.append(prof.stop())
         launch.stop()
         meter.final()
-        drops = net.udp_socket_drops(port)
+        drops = net.udp_socket_drops(port, res.link_host, sink.pid)
         sink.send_signal(signal.SIGTERM)
         sink_stats = read_json(sink, "stats ", 15)
     finally:

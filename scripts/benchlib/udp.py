@@ -1,10 +1,12 @@
 """The bench's two ends of the link, each a subprocess mode of bench.py:
 
-- `_sink [--capture FILE]`: binds 127.0.0.1 on a free port (printed as `port N`), counts the
+- `_sink [--capture FILE] [--bind ADDR]`: binds 127.0.0.1 (or ADDR: the test bed's receiving
+  host) on a free port (printed as `port N`), counts the
   datagrams and bytes it receives without looking at them and, with --capture, appends each to
   FILE as a 4-byte big-endian length and the datagram. On SIGTERM it prints `stats {json}`.
-- `_replay FILE PORT [--rate-mbps R] [--queue-limit BYTES]`: sends a capture's datagrams to
-  127.0.0.1:PORT in order. It prints `ready` once something is bound there and starts on a
+- `_replay FILE PORT [--rate-mbps R] [--queue-limit BYTES] [--host ADDR --netns-pid PID]`:
+  sends a capture's datagrams to 127.0.0.1:PORT (or ADDR:PORT, a socket it sees through
+  /proc/PID/net) in order. It prints `ready` once something is bound there and starts on a
   `go` line on stdin. Unpaced (R = 0) it keeps the receiving socket's queue under
   --queue-limit bytes (/proc/net/udp rx_queue), i.e. as fast as the receiver takes them
   without a drop; paced, it sends R Mbit/s in chunks of about 2 ms and sleeps between them.
@@ -39,11 +41,12 @@ def _stop_flag() -> list:
 def sink_main(argv) -> int:
     ap = argparse.ArgumentParser(prog="bench.py _sink")
     ap.add_argument("--capture", help="append every datagram to this file (length-prefixed)")
+    ap.add_argument("--bind", default="127.0.0.1")
     args = ap.parse_args(argv)
     stop = _stop_flag()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rmem_max() or 4 << 20)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((args.bind, 0))
     sock.settimeout(0.2)
     print(f"port {sock.getsockname()[1]}", flush=True)
     out = open(args.capture, "wb", buffering=1 << 20) if args.capture else None  # noqa: SIM115
@@ -91,6 +94,10 @@ def replay_main(argv) -> int:
     ap.add_argument("--queue-limit", type=int, default=2 << 20)
     ap.add_argument("--no-gso", action="store_true",
                     help="one datagram per send call (else UDP GSO, as diode's sender)")
+    ap.add_argument("--host", default="127.0.0.1", help="the receiver's address")
+    ap.add_argument("--netns-pid", type=int,
+                    help="a process in the receiver's network namespace (its socket is seen "
+                         "through /proc/PID/net)")
     args = ap.parse_args(argv)
     stop = _stop_flag()
     with open(args.capture, "rb") as f:
@@ -98,7 +105,7 @@ def replay_main(argv) -> int:
     view = memoryview(data)
     index = capture_index(data)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    while udp_socket(args.port) is None and not stop:
+    while udp_socket(args.port, args.host, args.netns_pid) is None and not stop:
         time.sleep(0.01)  # the receiver's udp_reader is not bound yet
     print(f"ready {len(index)} datagrams", flush=True)
     while not stop and not select.select([sys.stdin], [], [], 0.2)[0]:
@@ -107,7 +114,7 @@ def replay_main(argv) -> int:
         return 1
     t0 = time.monotonic()
     try:
-        sent, nbytes, waits = _send(sock, view, index, ("127.0.0.1", args.port), args, stop, t0)
+        sent, nbytes, waits = _send(sock, view, index, (args.host, args.port), args, stop, t0)
         error = None
     except OSError as exc:  # the receiver went away (ICMP port unreachable)
         sent = nbytes = waits = 0
@@ -140,7 +147,7 @@ def _send(sock, view, index, dest, args, stop, t0) -> tuple[int, int, int]:
             if ahead > 0:
                 time.sleep(ahead)
             continue
-        q = udp_socket(dest[1])
+        q = udp_socket(dest[1], dest[0], args.netns_pid)
         if q is not None and q["rx_queue"] > args.queue_limit:
             waits += 1
             time.sleep(0.0005)  # the receiver is behind: let it read
@@ -162,5 +169,11 @@ def _send_some(sock, view, entries, dest, args) -> tuple[int, int]:
         return 1, n
     datagrams = [view[start:start + n] for start, n in entries[:offload.MAX_SEGMENTS]]
     _, end, size = offload.batches(datagrams)[0]
-    offload.send_batch(sock, datagrams[:end], size, dest)
+    try:
+        offload.send_batch(sock, datagrams[:end], size, dest)
+    except OSError as exc:
+        if not offload.refused(exc, end):
+            raise
+        args.no_gso = True  # (as diode's udp_sender: one datagram per call from now on)
+        return _send_some(sock, view, entries, dest, args)
     return end, sum(n for _, n in entries[:end])

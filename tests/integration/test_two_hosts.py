@@ -119,23 +119,43 @@ def test_records_cross_two_hosts_at_the_mtu_and_a_receiver_restart(tmp_path, tes
     assert sender.stop() == 0 and receiver.stop() == 0
 
 
-def test_without_segmentation_offload_the_same_records_cross(tmp_path, testbed, start_brokers,
-                                                              broker_kind, launch):
-    """link.gso.enabled and link.gro.enabled false (as where the kernel refuses them): one
-    datagram per call, and the same records arrive."""
-    bed = testbed
+def records_cross(tmp_path, bed, start_brokers, broker_kind, launch, link: dict) -> tuple:
+    """Both sides launched over the pair with `link` settings, 200 records produced: every
+    one arrives. Returns the (sender, receiver) launches, still running."""
     src, dst = two_hosts(bed, start_brokers, broker_kind)
-    topo, _ = two_host_topology(tmp_path, bed, src, dst,
-                                link={"gso.enabled": False, "gro.enabled": False})
+    topo, _ = two_host_topology(tmp_path, bed, src, dst, link=link)
     receiver = launch(topo, side="receiver", workers=RECEIVER_WORKERS, where=bed.run_in([]))
     sender = launch(topo, side="sender", workers=SENDER_WORKERS)
     sent = records(200)
     produce(src.bootstrap, "src", sent)
     got = consume(dst.bootstrap, "dst_src", 200, timeout=90, idle=1.0)
     assert sorted(m.value() for m in got) == sorted(r["value"] for r in sent)
+    return sender, receiver
+
+
+def test_without_segmentation_offload_the_same_records_cross(tmp_path, testbed, start_brokers,
+                                                              broker_kind, launch):
+    """link.gso.enabled and link.gro.enabled false (as where the kernel refuses them): one
+    datagram per call, and the same records arrive."""
+    sender, receiver = records_cross(tmp_path, testbed, start_brokers, broker_kind, launch,
+                                     {"gso.enabled": False, "gro.enabled": False})
     assert sender.metric("udp_offload", "udp_sender") == 0
     assert receiver.metric("udp_offload", "udp_reader") == 0
     assert sender.metric("syscalls", "udp_sender") == sender.metric("datagrams", "udp_sender")
+    assert sender.stop() == 0 and receiver.stop() == 0
+
+
+def test_datagrams_the_path_fragments_cross_when_allowed(tmp_path, testbed, start_brokers,
+                                                        broker_kind, launch):
+    """8000-byte datagrams over an MTU of 1500 with link.allow.fragmentation: the kernel
+    refuses GSO batches of segments longer than the MTU (EMSGSIZE), so the sender goes on one
+    datagram per call, says so, and every record arrives, in fragments reassembled there."""
+    reassembled = ip_counters(testbed).get("ReasmReqds", 0)
+    sender, receiver = records_cross(tmp_path, testbed, start_brokers, broker_kind, launch,
+                                     {"datagram.size.bytes": 8000, "allow.fragmentation": True})
+    assert sender.metric("udp_offload", "udp_sender") == 0
+    assert "UDP_SEGMENT refused for" in sender.output()
+    assert ip_counters(testbed).get("ReasmReqds", 0) > reassembled  # they came in fragments
     assert sender.stop() == 0 and receiver.stop() == 0
 
 

@@ -1,5 +1,6 @@
 """diode.link.offload: datagrams batched at the syscall boundary, each still a datagram."""
 
+import errno
 import socket
 import time
 
@@ -68,3 +69,12 @@ def test_routing_keys_that_step_evenly_spread_over_the_unpackers():
         for key in range(1, 100_000, step):
             counts[lane(key) % n] += 1
         assert max(counts) < 1.1 * min(counts), (step, n, counts)
+
+
+def test_a_batch_the_kernel_refuses_is_told_from_a_network_failure():
+    """Refusals (sent again one datagram per call) against failures (retried as they are)."""
+    for code in (errno.EINVAL, errno.EMSGSIZE, errno.EIO):
+        assert offload.refused(OSError(code, "x"), 8)
+        assert not offload.refused(OSError(code, "x"), 1)  # (one datagram: no batch to refuse)
+    for code in (errno.ECONNREFUSED, errno.ENETUNREACH, errno.ENOBUFS):
+        assert not offload.refused(OSError(code, "x"), 8)
