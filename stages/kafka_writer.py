@@ -75,6 +75,7 @@ FLUSH_SECONDS = 2.0          # a checkpoint waits this long at most for acknowle
 RECOVER_AGAIN_SECONDS = 5.0  # the destination could not be read: try again after this
 TOPIC_GIVE_UP_SECONDS = 60.0  # a destination topic the cluster answers for and will not
 #                               create or describe this long: dead letters
+MAX_JOINED_RECORDS = 4096    # consecutive runs of a partition are produced as one, up to this
 MAX_LATENCY_MARKS = 4096     # runs produced and not yet acknowledged whose latency is still due
 # Errors after which a topic or a record will never be written, whatever the wait.
 REFUSED_FOR_GOOD = {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.MSG_SIZE_TOO_LARGE,
@@ -642,7 +643,7 @@ class Stage(BaseStage):
         stamp = self.r.written_at_header
         now_ms = int(time.time() * 1000)
         written_at = [(stamp, str(now_ms).encode())] if stamp else []
-        backlog, kept, blocked = self.backlog, deque(), set()
+        backlog, kept, blocked = joined(self.backlog), deque(), set()
         while backlog:
             entry = backlog.popleft()
             run = entry[0]
@@ -834,6 +835,39 @@ def held_state(sources: dict, most: int = 10) -> str:
              "current": s is source.current} for s in source.states()]}
         for (t, p), source in held[:most]])
     return "; ".join(lines) + (f"; and {len(held) - most} more" if len(held) > most else "")
+
+
+def joined(backlog: deque) -> deque:
+    """The backlog with each partition's consecutive runs that wait whole (none of their records
+    produced yet) joined into one (Run.join), up to MAX_JOINED_RECORDS: the cost per run
+    (columns, the produce loop's setup, a sent entry, a latency mark) once per join. Each
+    source partition's runs stay in their order; the order across partitions is not kept
+    (it is not a promise: a destination partition takes one source partition's records)."""
+    if len(backlog) < 2:
+        return backlog
+    out, chains = [], {}  # chains: (topic, partition, incarnation) -> the runs being joined
+    for entry in backlog:
+        run = entry[0]
+        key = (run.topic, run.partition, run.incarnation)
+        chain = chains.get(key)
+        if entry[1] or entry[2] is not None or run.resend:
+            chains.pop(key, None)  # (what follows it must not join what came before it)
+            out.append(entry)
+        elif chain is not None and chain[-1].last == run.prev and \
+                (chain[-1].headers is None) == (run.headers is None) and \
+                chain.records + len(run) <= MAX_JOINED_RECORDS:
+            chain.append(run)
+            chain.records += len(run)
+        else:
+            chains[key] = chain = _Chain([run])
+            chain.records = len(run)
+            out.append(chain)
+    return deque(([Run.join(x) if len(x) > 1 else x[0], 0, None]
+                  if isinstance(x, _Chain) else x) for x in out)
+
+
+class _Chain(list):
+    __slots__ = ("records",)
 
 
 MEANINGS = {"gap": "lost on the link", "tail": "sent before the last heartbeat, never arrived",

@@ -26,7 +26,7 @@ per run; per-record Avro arrays cost ~1 µs per record. fastavro keeps the heart
 import struct
 import sys
 from array import array
-from itertools import accumulate, repeat
+from itertools import accumulate, chain, repeat
 from operator import add, itemgetter
 
 from diode.errors import RejectedDatagram
@@ -351,6 +351,38 @@ class Run:
                    self.offsets[a:b], self.timestamps[a:b], self.types[a:b],
                    self.key_lens[a:b], self.value_lens[a:b],
                    self.keys[kp[a]:kp[b]], self.values[vp[a]:vp[b]], headers, self.incarnation)
+
+    @classmethod
+    def join(cls, runs: list) -> "Run":
+        """One run of consecutive runs of one chain (each one's prev the last offset of the one
+        before, all with header columns or none): its columns end to end, in C, not record by
+        record. The writer produces a partition's runs joined: at a 1472-byte datagram a run
+        is about 8 records of 100 B, and its cost per run would otherwise come every 8."""
+        first, last = runs[0], runs[-1]
+        offsets, timestamps, key_lens, value_lens = (array("q"), array("q"), array("i"),
+                                                     array("i"))
+        for r in runs:
+            offsets.extend(r.offsets)
+            timestamps.extend(r.timestamps)
+            key_lens.extend(r.key_lens)
+            value_lens.extend(r.value_lens)
+        headers = None
+        if first.headers is not None:
+            counts, name_lens, hvalue_lens = array("i"), array("i"), array("i")
+            for r in runs:
+                counts.extend(r.headers[0])
+                name_lens.extend(r.headers[1])
+                hvalue_lens.extend(r.headers[2])
+            headers = (counts, name_lens, hvalue_lens, b"".join(r.headers[3] for r in runs),
+                       b"".join(r.headers[4] for r in runs))
+        run = cls(first.topic, first.partition, last.partition_count, first.prev, offsets,
+                  timestamps, b"".join(r.types for r in runs), key_lens, value_lens,
+                  b"".join(r.keys for r in runs), b"".join(r.values for r in runs), headers,
+                  first.incarnation)
+        run.origin = first.origin
+        if headers is not None and all(r._own is not None for r in runs):
+            run._own = list(chain.from_iterable(r._own for r in runs))  # (decoded: not again)
+        return run
 
     def split_at(self, i: int) -> tuple["Run", "Run"]:
         """(records before i, records from i): the second's prev is the first's last."""

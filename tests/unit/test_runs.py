@@ -153,3 +153,15 @@ def test_a_header_name_longer_than_64_kib_crosses():
     name = "n" * 70_000
     recs = [Record("t", 0, 0, 0, 1, None, b"v", ((name, b"x"), ("short", None)))]
     assert runs.Run.decode(runs.from_records(recs)).records() == recs
+
+
+@settings(max_examples=100, deadline=None)
+@given(chains(), st.data())
+def test_joining_the_pieces_of_a_run_gives_it_back(recs, data):
+    """Run.join, as the writer joins a partition's runs before producing them."""
+    run = runs.Run.decode(runs.from_records(recs, 4))
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(recs) - 1)), max_size=5)))
+    pieces = [run.take(range(a, b)) for a, b in zip([0, *cuts], [*cuts, len(recs)]) if a < b]
+    whole = runs.Run.join(pieces)
+    assert whole.records() == recs and whole.prev == run.prev
+    assert whole.encode() == run.encode()
