@@ -60,6 +60,22 @@ def _per_worker(texts: list[str], name: str) -> dict:
     return out
 
 
+def per_topic(texts, name: str) -> dict:
+    """topic -> the metric's value summed over workers (its samples labelled by topic)."""
+    out: dict = {}
+    for text in texts if isinstance(texts, list) else [texts]:
+        for line in text.splitlines():
+            if not line.startswith(f"diode_{name}{{") or 'topic="' not in line:
+                continue
+            labels, value = line[line.index("{") + 1:].rsplit("} ", 1)
+            topic = labels.split('topic="', 1)[1]
+            end = next(i for i, c in enumerate(topic) if c == '"' and
+                       (len(topic[:i]) - len(topic[:i].rstrip("\\"))) % 2 == 0)
+            topic = topic[:end].replace('\\"', '"').replace("\\\\", "\\")
+            out[topic] = out.get(topic, 0.0) + float(value)
+    return out
+
+
 def snapshot(entry: dict, topology=None) -> dict:
     texts = _texts(entry, topology)
     return {"t": time.monotonic(), "texts": texts,
@@ -114,6 +130,10 @@ def launch_status(entry: dict, before: dict, after: dict, topology=None) -> dict
         "missing_last_hour": {"ranges": int(total("missing_ranges_last_hour")),
                               "records": int(total("missing_records_last_hour"))}
         if receiver else None,
+        "source": {t: {"lag_records": int(lag), "held_records": int(held.get(t, 0))}
+                   for lag, held in [(per_topic(text, "source_lag_records"),
+                                      per_topic(text, "source_held_records"))]
+                   for t, lag in sorted(lag.items())} if receiver else None,
         "source_state": statedir.held(topology.resolve(topology.receiver.journal_dir))
         if receiver and topology is not None and topology.receiver.journal_enabled else None,
         "sender": {"inflight_records": int(total("inflight_records")),
@@ -153,6 +173,9 @@ def render(s: dict) -> str:
                      f"({d['journal_unforwarded_bytes'] / 2 ** 20:.1f} MiB not yet forwarded)")
         m = s["missing_last_hour"]
         lines.append(f"  missing in the last hour: {m['ranges']} ranges, {m['records']} records")
+        for topic, src in (s.get("source") or {}).items():
+            lines.append(f"  source {topic}: {src['lag_records']} records behind, "
+                         f"{src['held_records']} still held there (as the sender last looked)")
     if s.get("source_state") is not None:
         held = s["source_state"]
         lines.append(f"  state held for {len(held)} source partition(s), as of the last "

@@ -37,6 +37,10 @@ ROWS = [
         ("Missing in the last hour", "short", [
             ('sum (diode_missing_records_last_hour{job=~"$job"})', "records"),
             ('sum (diode_missing_ranges_last_hour{job=~"$job"})', "ranges")]),
+        ("Behind the source, by topic (records)", "short", [
+            ('sum by (topic) (diode_source_lag_records{job=~"$job"})', "{{topic}}")]),
+        ("Still held by the source, by topic (records)", "short", [
+            ('sum by (topic) (diode_source_held_records{job=~"$job"})', "{{topic}}")]),
     ]),
     ("Latency and the link", [
         ("End-to-end latency", "s", [

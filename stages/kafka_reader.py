@@ -86,7 +86,8 @@ class Stage(BaseStage):
         # topics, partitions and identities looked for off this loop (diode.kafka.refresh)
         self.watcher = None if self.resend is not None else PartitionWatcher(
             consumer_config(self.t), self.selector.owned, s.refresh_topics_interval_seconds,
-            s.identity_check_interval_ms / 1000, remembered).start()
+            s.identity_check_interval_ms / 1000, remembered,
+            s.source_state_interval_ms / 1000).start()
         if self.resend is not None:
             self._resend_identities()
         self.next_commit = time.monotonic() + s.offset_commit_interval_ms / 1000
@@ -118,6 +119,8 @@ class Stage(BaseStage):
             self.lineage.confirmed(found.incarnations, found.ends, found.started)
             if self.lineage.wants_fetched():
                 self.lineage.fetched_now(self._fetched_ends())
+            if found.starts or found.settings:
+                self._source_state(found)
             for topic, partition, offset in found.stale:
                 self.log.warning("%s[%d]: the offset committed (%d) is not known to be this "
                                  "incarnation's (another's, or committed by name while the "
@@ -430,6 +433,20 @@ class Stage(BaseStage):
             self.log.warning("source cluster: %s", err)
             self.metrics.inc("errors", reason="consume")
         return False
+
+    def _source_state(self, found) -> None:
+        """Send what a look at the source found (wire.KIND_SOURCE): per partition read, its
+        incarnation, log start and end (the larger of the listed end and what fetches saw:
+        lineage.ends), per topic its retention settings."""
+        ends = self.lineage.ends
+        parts = [[t, p, found.incarnations[t], start, max(ends.get((t, p), 0), start)]
+                 for (t, p), start in sorted(found.starts.items()) if t in found.incarnations]
+        if not parts or self.out.full:
+            return  # (the next look sends it again)
+        state = {"reader": self.ctx.spec.index, "time_ms": int(time.time() * 1000),
+                 "cluster": self.lineage.cluster, "partitions": parts,
+                 "topics": [[t, *found.settings[t]] for t in sorted(found.settings)]}
+        self.out.put([transport.dumps(("source", state))])
 
     def _heartbeat(self):
         """Per partition of the current chains: its incarnation, where the chain started, the

@@ -128,6 +128,11 @@ class Stage(BaseStage):
         self.backlog_records = 0          # records in the backlog
         # (topic, partition) -> SourcePartition: a PartitionState per incarnation heard of
         self.sources: dict = {}
+        # the source as the sender last looked at it (wire.KIND_SOURCE): (topic, partition) ->
+        # (incarnation, log start, end, sender time), topic -> (retention.ms, .bytes, policy)
+        self.source_state: dict = {}
+        self.topic_settings: dict = {}
+        self.lagging_topics: set = set()  # topics whose lag was exported (set to 0 when gone)
         self.recent_missing: deque = deque(maxlen=10_000)  # (when, records) this last hour
         self.last_beat = None             # reader's clock when the last heartbeat came (writer 0)
         self.fills: dict = {}  # (topic, partition, incarnation) -> offsets filled late, this step
@@ -223,7 +228,8 @@ class Stage(BaseStage):
     def _take_input(self) -> None:
         """Offer what the unpackers sent to the partitions' states."""
         for frames in transport.drain(self.input, INPUT_MESSAGES):
-            index, origins, claims, beats, mark, notices, lengths = transport.loads(frames[0])
+            index, origins, claims, beats, mark, notices, lengths, sources = \
+                transport.loads(frames[0])
             if not self.trusted[index] and any(n >= self.started for n in notices):
                 self.trusted[index] = True
             for claim in claims:
@@ -244,6 +250,8 @@ class Stage(BaseStage):
                     self.backlog_records += len(run)
             for beat in beats:
                 self._beat(beat)
+            for state in sources:
+                self._source(state)
             if mark is not None and self.trusted[index]:
                 m = self.marks[index]
                 self.marks[index] = mark if m is None else (max(m[0], mark[0]),
@@ -547,6 +555,41 @@ class Stage(BaseStage):
             self.recent_missing.popleft()
         self.metrics.set("missing_ranges_last_hour", len(self.recent_missing))
         self.metrics.set("missing_records_last_hour", sum(n for _, n in self.recent_missing))
+        self._export_source_state()
+
+    def _source(self, state: dict) -> None:
+        """A reader's look at its source: the partitions this writer owns, newest look kept."""
+        for topic, partition, incarnation, log_start, end in state["partitions"]:
+            key = (topic, partition)
+            known = self.source_state.get(key)
+            if not self._owns(topic, partition) or (known and known[3] > state["time_ms"]):
+                continue
+            if known is None and len(self.source_state) >= MAX_PARTITIONS:
+                continue  # (bounded, as the partitions' states are)
+            self.source_state[key] = (incarnation, log_start, end, state["time_ms"])
+        for topic, retention_ms, retention_bytes, policy in state["topics"]:
+            if topic in self.topic_settings or len(self.topic_settings) < MAX_PARTITIONS:
+                self.topic_settings[topic] = (retention_ms, retention_bytes, policy)
+
+    def _export_source_state(self) -> None:
+        """Per source topic: the records its source holds (end - log start) and those not yet
+        written here or reported missing (end - 1 - how far this writer has come: the lag),
+        over the partitions this writer owns, of their current incarnations."""
+        lag, held = {}, {}
+        for (topic, partition), (inc, log_start, end, _) in self.source_state.items():
+            source = self.sources.get((topic, partition))
+            state = source.current if source is not None else None
+            if state is not None and state.incarnation != inc:
+                continue  # (a look at another incarnation than the one written)
+            done = state.frontier if state is not None else log_start - 1
+            lag[topic] = lag.get(topic, 0) + max(0, end - 1 - max(done, log_start - 1))
+            held[topic] = held.get(topic, 0) + max(0, end - log_start)
+        for topic in self.lagging_topics - set(lag):
+            self.metrics.set("source_lag_records", 0, topic=topic)
+        for topic in lag:
+            self.metrics.set("source_lag_records", lag[topic], topic=topic)
+            self.metrics.set("source_held_records", held[topic], topic=topic)
+        self.lagging_topics = set(lag)
 
     def _event(self, kind, topic, partition, first, last, reason,
                incarnation: bytes | None) -> None:

@@ -67,6 +67,9 @@ class Stage(BaseStage):
             if message[0] == "heartbeat":
                 self._heartbeat(message[1])
                 continue
+            if message[0] == "source":
+                self._source(message[1])
+                continue
             _, reader, msg_id, counts = message
             for run, count in zip(frames[1:], counts):
                 self._emit(*self.builder.add(run.buffer, (reader, msg_id), count))
@@ -149,22 +152,40 @@ class Stage(BaseStage):
         """Seal a reader's heartbeat after the records this packer holds, split over as many
         datagrams as its partitions need."""
         self._emit(*self.builder.flush())
-        parts = beat["partitions"]
+        datagrams = [self.sealer.seal(wire.encode_heartbeat({**beat, "partitions": c}),
+                                      wire.KIND_HEARTBEAT)
+                     for c in self._chunks(beat["partitions"], beat.get("cluster", ""))]
+        self._put(datagrams, [[] for _ in datagrams])
+        self.metrics.inc("heartbeat_datagrams", len(datagrams))
+
+    def _source(self, state: dict):
+        """Seal a reader's look at its source (wire.KIND_SOURCE), split over as many datagrams
+        as its partitions need, each with the retention of the topics it names."""
+        topics = {t[0]: t for t in state["topics"]}
+        datagrams = []
+        for chunk in self._chunks(state["partitions"], state["cluster"]):
+            named = sorted({p[0] for p in chunk})
+            datagrams.append(self.sealer.seal(wire.encode_source(
+                {**state, "partitions": chunk, "topics": [topics[t] for t in named
+                                                          if t in topics]}), wire.KIND_SOURCE))
+        self._put(datagrams, [[] for _ in datagrams])
+        self.metrics.inc("heartbeat_datagrams", len(datagrams))
+
+    def _chunks(self, parts: list, cluster: str) -> list:
+        """`parts` (per-partition entries, the topic first) in chunks that each fit a datagram,
+        with room for a topic's settings per entry."""
         room = self.builder.budget
-        base = 200 + len(beat.get("cluster", "").encode())
+        base = 200 + len(cluster.encode())
         chunks, chunk, size = [], [], base
         for entry in parts:
-            n = len(entry[0].encode()) + 100  # (a claim: the topic, 16 bytes, 4 longs, ...)
+            n = 2 * len(entry[0].encode()) + 140  # (the topic, 16 bytes, longs; its settings)
             if chunk and size + n > room:
                 chunks.append(chunk)
                 chunk, size = [], base
             chunk.append(entry)
             size += n
         chunks.append(chunk)
-        datagrams = [self.sealer.seal(wire.encode_heartbeat({**beat, "partitions": c}),
-                                      wire.KIND_HEARTBEAT) for c in chunks]
-        self._put(datagrams, [[] for _ in datagrams])
-        self.metrics.inc("heartbeat_datagrams", len(datagrams))
+        return chunks
 
     # -- records too large for a datagram ----------------------------------------------------
 

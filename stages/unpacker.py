@@ -75,8 +75,8 @@ class Stage(BaseStage):
             return False
         if not got:
             return True
-        # per writer: run frames, their origins, heartbeat claims, beats
-        msgs = [([], [], [], []) for _ in self.outs]
+        # per writer: run frames, their origins, heartbeat claims, beats, source states
+        msgs = [([], [], [], [], []) for _ in self.outs]
         mark, notices = None, []
         for frames in transport.drain(self.input, 8):
             control = transport.loads(frames[0])
@@ -92,11 +92,11 @@ class Stage(BaseStage):
                 mark = None  # (a mark from before a replay began must not follow its notice)
                 if control[1] >= self.started:
                     self.trusted = True
-        for out, (frames, origins, claims, beats) in zip(self.outs, msgs):
-            if frames or claims or beats or mark or notices:
+        for out, (frames, origins, claims, beats, sources) in zip(self.outs, msgs):
+            if frames or claims or beats or sources or mark or notices:
                 lengths, body = transport.join(frames)
                 out.put([transport.dumps((self.ctx.spec.index, origins, claims, beats, mark,
-                                          notices, lengths)), body])
+                                          notices, lengths, sources)), body])
         return True
 
     def sample_metrics(self):
@@ -130,6 +130,9 @@ class Stage(BaseStage):
             self.sessions[0].add(h.session_id)  # (authenticated: its tag verified)
             if h.kind == wire.KIND_HEARTBEAT:
                 self._heartbeat(h, wire.decode_heartbeat(payload), msgs, origin)
+                return
+            if h.kind == wire.KIND_SOURCE:
+                self._source(wire.decode_source(payload), msgs)
                 return
             if h.kind == wire.KIND_PARITY:
                 self._parity(h, payload, msgs, origin)
@@ -195,6 +198,19 @@ class Stage(BaseStage):
                              count, session, group, count - got)
         self.metrics.set("reassembly_bytes", self.reassembler.buffered_bytes)
         self._floor()  # (forget the groups given up: `held` stays as small as the buffers)
+
+    def _source(self, state: dict, msgs) -> None:
+        """A reader's look at its source: each partition's to the writer owning it, with the
+        settings of the topics named."""
+        self.metrics.inc("heartbeats")
+        per = [[] for _ in msgs]
+        for entry in state["partitions"]:
+            per[partition_owner(entry[0], entry[1], len(msgs))].append(entry)
+        for m, entries in zip(msgs, per):
+            if entries:
+                named = {e[0] for e in entries}
+                m[4].append({**state, "partitions": entries,
+                             "topics": [t for t in state["topics"] if t[0] in named]})
 
     def _heartbeat(self, h, beat, msgs, origin) -> None:
         """Claims go to the writers owning their partitions; the beat itself to writer 0."""

@@ -67,6 +67,18 @@ def deep_merge(base: dict, extra: dict) -> dict:
     return out
 
 
+def wait_for(condition, timeout: float, what: str):
+    """`condition()`'s first true value within `timeout` seconds, polled; else an
+    AssertionError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def write_topology(tmp_path, source: str, destination: str, **overrides) -> Path:
     """A topology file for brokers at `source` and `destination` (bootstrap strings), with a
     password file beside it; `overrides` are deep-merged sections."""

@@ -7,17 +7,20 @@ A PartitionWatcher asks from a thread of its own, with clients of its own (a con
 client is not shared with the loop's), and hands what it found to the loop through a small
 queue: the loop never waits on the cluster.
 
-It looks in two ways:
+It looks in three ways:
 
 - every `interval` seconds (refresh.topics.interval.seconds), the cluster's topics: new topics
   and partitions, handed over with their committed offsets;
 - every `check` seconds (identity.check.interval.ms), the incarnation of each topic the reader
   reads (diode.kafka.identity: its topic id); with the listing, and when the loop wakes it,
-  each partition's end too. A topic whose id changed was deleted and recreated (or its cluster
-  rebuilt): it is handed over again as a reset, its partitions anew with the committed offsets
-  that belong to the new incarnation; a topic gone from the cluster is handed over as gone. The
-  ends are taken before the ids, so an end handed over with an unchanged id is the end of that
-  incarnation.
+  each partition's end too;
+- every `state` seconds (source.state.interval.ms), the source's state: each partition's log
+  start and end, each topic's retention settings, which the reader sends across the link.
+
+A topic whose id changed was deleted and recreated (or its cluster rebuilt): it is handed over
+again as a reset, its partitions anew with the committed offsets that belong to the new
+incarnation; a topic gone from the cluster is handed over as gone. The ends are taken before
+the ids, so an end handed over with an unchanged id is the end of that incarnation.
 
 Committed offsets carry the incarnation they were committed for in their metadata
 (identity.metadata); an offset committed for another incarnation (a recreated topic whose group
@@ -31,11 +34,12 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from confluent_kafka import Consumer, KafkaException, TopicCollection, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 
 from diode.kafka import identity
 from diode.kafka.clients import admin_config
 from diode.link.records import NO_INCARNATION
+from diode.link.wire import UNKNOWN
 
 COMMITTED_TIMEOUT = 10.0
 REQUEST_TIMEOUT = 10.0
@@ -56,6 +60,9 @@ class Found(NamedTuple):
     stale: list = []    # (topic, partition, offset): committed for another incarnation, unused
     unnamed: set = set()  # topics whose broker gives no id (their incarnation a fallback)
     started: float = 0.0  # when the look began (time.monotonic)
+    starts: dict = {}   # (topic, partition) -> log start: the first offset the source holds
+    #                     (only in a look at the source's state, every `state` seconds)
+    settings: dict = {}  # topic -> (retention.ms, retention.bytes, cleanup.policy), the same
 
 
 class Identities:
@@ -84,9 +91,11 @@ class PartitionWatcher:
     `config`: the source consumer's settings (its group's committed offsets are read)."""
 
     def __init__(self, config: dict, owned: Callable[[dict], set], interval: float,
-                 check: float | None = None, known: dict | None = None):
+                 check: float | None = None, known: dict | None = None,
+                 state: float | None = None):
         self.config, self.owned, self.interval = config, owned, interval
         self.check = min(interval, check) if check else interval
+        self.state = state  # seconds between looks at the source's state (None: never)
         self.found: queue.Queue = queue.Queue(maxsize=4)
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -122,13 +131,17 @@ class PartitionWatcher:
     def _run(self) -> None:
         client = Consumer(self.config)
         admin = AdminClient(admin_config(self.config))
-        next_listing, woken = 0.0, False
+        next_listing = next_state = 0.0
+        woken = False
         try:
             while not self._stop.is_set():
                 listing = time.monotonic() >= next_listing
-                found = self._look(client, admin, listing, woken)
+                stating = self.state is not None and time.monotonic() >= next_state
+                found = self._look(client, admin, listing, woken, stating)
                 if listing and found.error is None:
                     next_listing = time.monotonic() + self.interval
+                if stating and found.error is None:
+                    next_state = time.monotonic() + self.state
                 self._hand(found)
                 # (a failure, often a coordinator still loading at start, is retried soon)
                 woken = self._wake.wait(self.check if found.error is None else
@@ -137,14 +150,15 @@ class PartitionWatcher:
         finally:
             client.close()
 
-    def _look(self, client, admin, listing: bool, woken: bool) -> Found:
-        """The topics (when `listing`), the incarnations, and the ends (when listing or woken:
-        the ends cost a request per partition leader, the ids one)."""
+    def _look(self, client, admin, listing: bool, woken: bool, stating: bool = False) -> Found:
+        """The topics (when `listing`), the incarnations, and the ends (when listing, woken or
+        `stating`: the ends cost a request per partition leader, the ids one); with `stating`
+        the log starts and the topics' retention settings too."""
         started = time.monotonic()
         try:
             if listing or not self._counts:
                 self._list(client)
-            owned, ends, ids = self._identify(admin, listing or woken)
+            owned, ends, ids = self._identify(admin, listing or woken or stating)
             if not listing and (set(ids) != {t for t, _ in owned} or any(
                     self._identities.known.get(t, inc) != inc for t, inc in ids.items()
                     if inc != NO_INCARNATION)):
@@ -161,6 +175,9 @@ class PartitionWatcher:
             new = sorted(tp for tp in owned - self._handed if tp[0] in ids)
             committed = client.committed([TopicPartition(t, p) for t, p in new],
                                          timeout=COMMITTED_TIMEOUT) if new else []
+            kept = {tp for tp in owned if tp[0] in ids and tp[0] not in resets}
+            starts = start_offsets(admin, kept) if stating else {}
+            settings = topic_settings(admin, sorted({t for t, _ in kept})) if stating else {}
         except KafkaException as exc:  # (a timeout too: tried again next time)
             return Found({}, [], str(exc))
         stale = []
@@ -175,7 +192,7 @@ class PartitionWatcher:
         self._handed.update((tp.topic, tp.partition) for tp in committed)
         confirmed = {tp: end for tp, end in ends.items() if tp[0] in ids and tp[0] not in resets}
         return Found(dict(self._counts) if listing else {}, committed, None, self._cluster,
-                     ids, confirmed, resets, gone, stale, unnamed, started)
+                     ids, confirmed, resets, gone, stale, unnamed, started, starts, settings)
 
     def _list(self, client) -> None:
         md = client.list_topics(timeout=REQUEST_TIMEOUT)
@@ -242,10 +259,52 @@ def topic_ids(admin, topics: list) -> dict:
 def end_offsets(admin, pairs) -> dict:
     """(topic, partition) -> end offset (the next to be written). A partition the cluster no
     longer has is left out."""
+    return _offsets(admin, pairs, OffsetSpec.latest())
+
+
+def start_offsets(admin, pairs) -> dict:
+    """(topic, partition) -> log start (the first offset the partition still holds)."""
+    return _offsets(admin, pairs, OffsetSpec.earliest())
+
+
+SETTINGS = ("retention.ms", "retention.bytes", "cleanup.policy")
+
+
+def topic_settings(admin, topics: list) -> dict:
+    """topic -> (retention.ms, retention.bytes, cleanup.policy) as the cluster says them
+    (wire.UNKNOWN, or "" for the policy, where it does not: Tansu gives only what was set)."""
+    if not topics:
+        return {}
+    futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in topics],
+                                     request_timeout=REQUEST_TIMEOUT)
+    out = {}
+    for resource, future in futures.items():
+        try:
+            configs = future.result(REQUEST_TIMEOUT + 5)
+        except KafkaException as exc:
+            if exc.args[0].code() in UNKNOWN_TOPIC_CODES:
+                continue
+            raise
+        said = {k: configs[k].value for k in SETTINGS if k in configs and
+                configs[k].value is not None}
+        out[resource.name] = (_long(said.get("retention.ms")),
+                              _long(said.get("retention.bytes")),
+                              said.get("cleanup.policy", ""))
+    return out
+
+
+def _long(value) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return UNKNOWN
+
+
+def _offsets(admin, pairs, spec) -> dict:
     if not pairs:
         return {}
-    futures = admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest()
-                                  for t, p in pairs}, request_timeout=REQUEST_TIMEOUT)
+    futures = admin.list_offsets({TopicPartition(t, p): spec for t, p in pairs},
+                                 request_timeout=REQUEST_TIMEOUT)
     out = {}
     for tp, future in futures.items():
         try:

@@ -23,7 +23,8 @@ KIND_DATA = 1
 KIND_HEARTBEAT = 2
 KIND_FRAGMENT = 3
 KIND_PARITY = 4
-KINDS = (KIND_DATA, KIND_HEARTBEAT, KIND_FRAGMENT, KIND_PARITY)
+KIND_SOURCE = 5  # the source's state: each partition's log start and end, each topic's retention
+KINDS = (KIND_DATA, KIND_HEARTBEAT, KIND_FRAGMENT, KIND_PARITY, KIND_SOURCE)
 FLAG_FEC = 1  # a data or fragment datagram covered by parity datagrams of its block
 
 HEADER = struct.Struct("!2sBBBBBBQQI")
@@ -123,24 +124,29 @@ def open_datagram(datagram: bytes, keyring: Keyring, replay: ReplayWindow | None
 
 # -- heartbeats --------------------------------------------------------------------------------
 
+
+def _fields(**types) -> list:
+    """Avro record fields, in order: name=type."""
+    return [{"name": name, "type": t} for name, t in types.items()]
+
+
+def _partitions(name: str, *fields) -> dict:
+    """An Avro array of records naming a source partition (its topic, number and
+    incarnation), then `fields`."""
+    return {"name": "partitions", "type": {"type": "array", "items": {
+        "type": "record", "name": name, "fields": [
+            *_fields(topic="string", partition="int",
+                     incarnation={"type": "fixed", "name": "Incarnation", "size": 16}),
+            *fields]}}}
+
+
 HEARTBEAT_SCHEMA = fastavro.parse_schema({
     "type": "record", "name": "Heartbeat", "namespace": "diode",
     "fields": [
-        {"name": "reader", "type": "int"},
-        {"name": "time_ms", "type": "long"},
-        {"name": "interval_ms", "type": "long"},
-        {"name": "cluster", "type": "string"},
-        {"name": "partitions", "type": {"type": "array", "items": {
-            "type": "record", "name": "Claim", "fields": [
-                {"name": "topic", "type": "string"},
-                {"name": "partition", "type": "int"},
-                {"name": "incarnation", "type": {"type": "fixed", "name": "Incarnation",
-                                                 "size": 16}},
-                {"name": "chain_start", "type": "long"},
-                {"name": "last_sent", "type": "long"},
-                {"name": "end", "type": "long"},
-                {"name": "retired", "type": "boolean"}]}}},
-        {"name": "counters", "type": {"type": "map", "values": "long"}},
+        *_fields(reader="int", time_ms="long", interval_ms="long", cluster="string"),
+        _partitions("Claim", *_fields(chain_start="long", last_sent="long", end="long",
+                                      retired="boolean")),
+        *_fields(counters={"type": "map", "values": "long"}),
     ],
 })
 
@@ -162,14 +168,61 @@ def decode_heartbeat(payload: bytes) -> dict:
     """A heartbeat: {"reader", "time_ms", "interval_ms", "cluster", "partitions": [(topic,
     partition, incarnation, chain_start, last_sent, end, retired), ...], "counters": {...}}.
     Raises RejectedDatagram."""
-    try:
-        reader = io.BytesIO(payload)
-        beat = fastavro.schemaless_reader(reader, HEARTBEAT_SCHEMA)
-        if reader.tell() != len(payload):
-            raise ValueError("trailing bytes")
-    except Exception as exc:  # fastavro raises many types on malformed input
-        raise RejectedDatagram("decode_failed", f"heartbeat: {type(exc).__name__}") from None
+    beat = _read(payload, HEARTBEAT_SCHEMA, "heartbeat")
     beat["partitions"] = [(c["topic"], c["partition"], c["incarnation"], c["chain_start"],
                            c["last_sent"], c["end"], c["retired"]) for c in beat["partitions"]]
     beat["interval_ms"] = float(beat["interval_ms"])
     return beat
+
+
+# -- the source's state ------------------------------------------------------------------------
+
+SOURCE_SCHEMA = fastavro.parse_schema({
+    "type": "record", "name": "SourceState", "namespace": "diode",
+    "fields": [
+        *_fields(reader="int", time_ms="long", cluster="string"),
+        _partitions("PartitionState", *_fields(log_start="long", end="long")),
+        *_fields(topics={"type": "array", "items": {
+            "type": "record", "name": "TopicState", "fields": _fields(
+                topic="string", retention_ms="long", retention_bytes="long",
+                cleanup_policy="string")}}),
+    ],
+})
+UNKNOWN = -2  # a retention the source's broker did not say (Tansu gives only what was set)
+
+
+def encode_source(state: dict) -> bytes:
+    """The source's state as Avro (fastavro, schemaless): see decode_source for its fields."""
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, SOURCE_SCHEMA, {
+        "reader": state["reader"], "time_ms": state["time_ms"], "cluster": state["cluster"],
+        "partitions": [{"topic": t, "partition": p, "incarnation": inc, "log_start": start,
+                        "end": end} for t, p, inc, start, end in state["partitions"]],
+        "topics": [{"topic": t, "retention_ms": ms, "retention_bytes": nbytes,
+                    "cleanup_policy": policy} for t, ms, nbytes, policy in state["topics"]]})
+    return out.getvalue()
+
+
+def decode_source(payload: bytes) -> dict:
+    """The source's state as a reader last read it: {"reader", "time_ms", "cluster",
+    "partitions": [(topic, partition, incarnation, log start, end), ...] (the end: the next
+    offset to be written), "topics": [(topic, retention.ms, retention.bytes, cleanup.policy),
+    ...] (UNKNOWN or "" where the broker did not say)}. Raises RejectedDatagram."""
+    state = _read(payload, SOURCE_SCHEMA, "source state")
+    state["partitions"] = [(c["topic"], c["partition"], c["incarnation"], c["log_start"],
+                            c["end"]) for c in state["partitions"]]
+    state["topics"] = [(c["topic"], c["retention_ms"], c["retention_bytes"],
+                        c["cleanup_policy"]) for c in state["topics"]]
+    return state
+
+
+def _read(payload: bytes, schema, what: str) -> dict:
+    """One Avro record of `schema` that is the whole payload, or RejectedDatagram."""
+    try:
+        reader = io.BytesIO(payload)
+        record = fastavro.schemaless_reader(reader, schema)
+        if reader.tell() != len(payload):
+            raise ValueError("trailing bytes")
+    except Exception as exc:  # fastavro raises many types on malformed input
+        raise RejectedDatagram("decode_failed", f"{what}: {type(exc).__name__}") from None
+    return record

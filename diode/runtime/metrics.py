@@ -41,6 +41,7 @@ class Metric:
     stages: tuple        # the stages that export it ("supervisor": its exporter)
     help: str
     reasons: tuple = ()  # its `reason` label's values, each exported from 0
+    per_topic: bool = False  # labelled by source topic: no series until a topic has one
 
 
 READERS, ALL = ("kafka_reader",), ("kafka_reader", "packer", "udp_sender", "udp_reader",
@@ -115,6 +116,13 @@ CATALOG = {
                                         "in the last hour"),
     "missing_ranges_last_hour": Metric("gauge", ("kafka_writer",), "Missing ranges reported in "
                                        "the last hour"),
+    "source_lag_records": Metric("gauge", ("kafka_writer",), "Per source topic (label topic): "
+                                 "records its source holds past what was written here or "
+                                 "reported missing, as of the sender's last look at it "
+                                 "(sender.source.state.interval.ms)", per_topic=True),
+    "source_held_records": Metric("gauge", ("kafka_writer",), "Per source topic (label topic): "
+                                  "records its source still holds (end - log start): what "
+                                  "could still be resent", per_topic=True),
     "late_records": Metric("counter", ("kafka_writer",), "Records that came after being "
                            "reported missing (fills), written"),
     "duplicates": Metric("gauge", ("kafka_writer",), "Duplicate records dropped"),
@@ -158,6 +166,12 @@ def exported_name(name: str, kind: str) -> str:
     return f"diode_{name}"
 
 
+def _escaped(value) -> str:
+    """A label value as Prometheus's text format writes it (a topic name comes from the
+    sender: whatever it holds stays inside its quotes)."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 class Metrics:
     def __init__(self, labels: dict, path: str | None = None, interval: float = 1.0,
                  prometheus_dir: str | None = None):
@@ -171,7 +185,7 @@ class Metrics:
         self._mirror = _PrometheusMirror(prometheus_dir, self.labels) if prometheus_dir \
             else None
         for name, m in CATALOG.items():  # this stage's series exist from the start
-            if self.labels.get("stage") not in m.stages or m.kind == "histogram":
+            if self.labels.get("stage") not in m.stages or m.kind == "histogram" or m.per_topic:
                 continue
             table = self.counters if m.kind == "counter" else self.gauges
             for labels in ([(("reason", r),) for r in m.reasons] if m.reasons else [()]):
@@ -228,7 +242,8 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
     def _label_text(self, labels: tuple, **more) -> str:
-        return ",".join(f'{k}="{v}"' for k, v in {**self.labels, **dict(labels), **more}.items())
+        return ",".join(f'{k}="{_escaped(v)}"'
+                        for k, v in {**self.labels, **dict(labels), **more}.items())
 
     def due(self) -> bool:
         return time.monotonic() >= self._next_write

@@ -241,6 +241,11 @@ class SenderSettings:
         "receiver's max.record.bytes must be at least as large.", between(1024, 1 << 30))
     refresh_topics_interval_seconds: float = setting(
         5.0, "How often readers look for new topics and partitions.", positive)
+    source_state_interval_ms: float = setting(
+        10000.0, "How often readers look at their source's state and send it across the link: "
+        "each partition's log start and end, each topic's retention.ms, retention.bytes and "
+        "cleanup.policy. The receiver exports from it how far behind the source it is and how "
+        "much the source still holds (docs/operations.md, \"The source's state\").", positive)
     identity_check_interval_ms: float = setting(
         1000.0, "How often readers check each source topic's incarnation (its topic id) and "
         "each partition's end. A topic recreated (or a cluster rebuilt) is seen within this "

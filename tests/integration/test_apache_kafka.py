@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from diode.link.linksim import Faults, FaultSettings
 from tests.conftest import (client, committed_offsets, consume, create_topic, headers_of,
-                            produce, source_coordinates, write_topology)
+                            produce, source_coordinates, wait_for, write_topology)
 from tests.integration.test_hostile_link import Link, missing_offsets, settle
 
 SENDER, RECEIVER = 3, 3
@@ -26,16 +26,6 @@ def end_offsets(cluster, topic: str, partitions: int) -> list:
                 for p in range(partitions)]
     finally:
         c.close()
-
-
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_transactional_source_replicates_committed_records_only_without_false_gaps(

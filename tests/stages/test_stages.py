@@ -74,7 +74,7 @@ def writer_messages(sock):
     notices left out)."""
     out = []
     for frames in transport.drain(sock):
-        _, origins, claims, beats, _, _, lengths = transport.loads(frames[0])
+        _, origins, claims, beats, _, _, lengths, _ = transport.loads(frames[0])
         found = transport.split(lengths, frames[1])
         assert len(origins) == len(found)
         if found or claims or beats:
@@ -145,6 +145,39 @@ def test_unpacker_sends_each_partition_to_its_owning_writer(zctx):
     assert sorted(owners) == list(range(6))
     assert all(len(v) == 1 for v in owners.values())
     assert len({min(v) for v in owners.values()}) > 1  # spread over writers
+
+
+def test_the_sources_state_crosses_to_the_writers_owning_its_partitions(zctx):
+    """A reader's look at its source (wire.KIND_SOURCE), sealed by a packer as it would send
+    it: each partition's log start and end reach the writer owning it, with the settings of
+    the topics it names and no others."""
+    p, feed, out = packer_wired(zctx)
+    inc = bytes(range(16))
+    state = {"reader": 0, "time_ms": 5, "cluster": "c",
+             "partitions": [["t", i, inc, 10 * i, 100 + i] for i in range(6)] +
+                           [["u", 0, inc, 0, 7]],
+             "topics": [["t", 3600000, -1, "delete"], ["u", -2, -2, ""]]}
+    feed.send_multipart([transport.dumps(("source", state))])
+    sent = []
+    deadline = time.monotonic() + 5
+    while not sent and time.monotonic() < deadline:
+        sent = [bytes(d) for d, _ in packer_step(p, out)]
+    assert [wire.parse_header(d).kind for d in sent] == [wire.KIND_SOURCE]
+    u, writers, to_unpacker = unpacker_with_writers(zctx, 3)
+    to_unpacker.send_multipart(datagrams_message(*sent))
+    got = []
+    deadline = time.monotonic() + 5
+    while len(got) < 7 and time.monotonic() < deadline:
+        u.step()
+        for i, w in enumerate(writers):
+            for frames in transport.drain(w):
+                for source in transport.loads(frames[0])[7]:
+                    named = {e[0] for e in source["partitions"]}
+                    assert {t[0] for t in source["topics"]} == named
+                    got += [(i, e) for e in source["partitions"]]
+    assert sorted(e for _, e in got) == sorted(tuple(e) for e in state["partitions"])
+    assert all(i == partition_owner(e[0], e[1], 3) for i, e in got)
+    u.close()
 
 
 def test_udp_reader_routes_by_key_and_drops_what_is_not_ours(zctx):
@@ -327,7 +360,8 @@ def test_writer_counts_and_drops_runs_it_cannot_decode_or_does_not_own(zctx):
     origin = (0, time.monotonic(), False)
     lengths, body = transport.join([b"garbage", bytes(broken),
                                     runs.from_records(records(3, partition=theirs), 8), good])
-    feed.send_multipart([transport.dumps((0, [origin] * 4, [], [], None, [], lengths)), body])
+    feed.send_multipart([transport.dumps((0, [origin] * 4, [], [], None, [], lengths, [])),
+                         body])
     run_until(w, lambda: w.metrics.get("rejects", reason="misrouted") == 1, timeout=15)
     assert w.metrics.get("rejects", reason="decode_failed") == 2
     # the good run waits for its destination (there is none to read or write here)

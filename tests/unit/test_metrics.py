@@ -181,4 +181,8 @@ def test_a_stage_exports_every_series_of_its_own_from_zero_and_each_once():
            'reason="misrouted"} 0' in text
     for name, metric in CATALOG.items():
         if "kafka_writer" in metric.stages and metric.kind != "histogram":
-            assert f"diode_{name}" in text, name
+            # (per source topic: none until a topic has one)
+            present = f"diode_{name}{{" in text or f"diode_{name}_total{{" in text
+            assert present != metric.per_topic, name
+    m.set("source_lag_records", 3, topic='odd"name')
+    assert 'topic="odd\\"name"} 3' in m.text()  # (a label value stays inside its quotes)

@@ -254,3 +254,16 @@ def test_heartbeat_round_trip_and_garbage():
         with pytest.raises(RejectedDatagram) as exc:
             wire.decode_heartbeat(bad)
         assert exc.value.reason == "decode_failed"
+
+
+def test_source_state_round_trip_and_garbage():
+    state = {"reader": 0, "time_ms": 1_795_300_000_000, "cluster": "c",
+             "partitions": [("orders", 3, bytes(range(16)), 40, 300)],
+             "topics": [("orders", 604800000, -1, "delete"),
+                        ("\u00fcber", wire.UNKNOWN, wire.UNKNOWN, "")]}
+    encoded = wire.encode_source(state)
+    assert wire.decode_source(encoded) == state
+    for bad in (encoded[:-1], encoded + b"\x00", b"", b"\xff" * 20):
+        with pytest.raises(RejectedDatagram) as exc:
+            wire.decode_source(bad)
+        assert exc.value.reason == "decode_failed"
