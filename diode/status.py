@@ -6,8 +6,9 @@ Prometheus endpoint when the textfiles are off), read twice a moment apart, give
 Per launch: the workers (state, pid, pinned CPUs and the CPU each last ran on, restarts,
 records/s, CPU %), the link (age of the sender's last heartbeat, sender sessions, datagrams the
 socket dropped and the receiver rejected), the destination (backlog, journal), the missing
-ranges reported in the last hour, and per source partition the incarnations (topic ids) the
-receiver holds state for, as of its writers' last checkpoints. Exit 1 when nothing runs.
+ranges reported in the last hour, per source topic how far behind it the receiver is, what it
+still holds and the missing records at risk, and per source partition the incarnations (topic
+ids) the receiver holds state for, as of its writers' last checkpoints. Exit 1 when nothing runs.
 """
 
 import json
@@ -122,6 +123,7 @@ def launch_status(entry: dict, before: dict, after: dict, topology=None) -> dict
                  "socket_drops": int(total("socket_drops")),
                  "rejected": int(total("rejects", side="receiver")),
                  "missing_records": int(total("missing_records")),
+                 "expired_records": int(total("missing_expired_records")),
                  "missing_ranges": int(total("missing_ranges"))} if receiver else None,
         "destination": {"backlog_records": int(total("backlog_records")),
                         "journal_bytes": int(total("journal_bytes")),
@@ -130,9 +132,11 @@ def launch_status(entry: dict, before: dict, after: dict, topology=None) -> dict
         "missing_last_hour": {"ranges": int(total("missing_ranges_last_hour")),
                               "records": int(total("missing_records_last_hour"))}
         if receiver else None,
-        "source": {t: {"lag_records": int(lag), "held_records": int(held.get(t, 0))}
-                   for lag, held in [(per_topic(text, "source_lag_records"),
-                                      per_topic(text, "source_held_records"))]
+        "source": {t: {"lag_records": int(lag), "held_records": int(held.get(t, 0)),
+                       "missing_at_risk_records": int(risk.get(t, 0))}
+                   for lag, held, risk in [(per_topic(text, "source_lag_records"),
+                                            per_topic(text, "source_held_records"),
+                                            per_topic(text, "missing_at_risk_records"))]
                    for t, lag in sorted(lag.items())} if receiver else None,
         "source_state": statedir.held(topology.resolve(topology.receiver.journal_dir))
         if receiver and topology is not None and topology.receiver.journal_enabled else None,
@@ -166,7 +170,8 @@ def render(s: dict) -> str:
         lines.append(f"  link: last heartbeat {age}, {k['sessions'] or 0} sender session(s); "
                      f"{k['socket_drops']} datagrams dropped by the socket, {k['rejected']} "
                      f"rejected; {k['missing_records']} records reported missing in all "
-                     f"({k['missing_ranges']} ranges)")
+                     f"({k['missing_ranges']} ranges), {k['expired_records']} of them expired "
+                     f"at the source")
         d = s["destination"]
         lines.append(f"  destination: {d['backlog_records']} records waiting for the cluster; "
                      f"journal {d['journal_bytes'] / 2 ** 20:.1f} MiB "
@@ -175,7 +180,8 @@ def render(s: dict) -> str:
         lines.append(f"  missing in the last hour: {m['ranges']} ranges, {m['records']} records")
         for topic, src in (s.get("source") or {}).items():
             lines.append(f"  source {topic}: {src['lag_records']} records behind, "
-                         f"{src['held_records']} still held there (as the sender last looked)")
+                         f"{src['held_records']} still held there (as the sender last looked); "
+                         f"{src['missing_at_risk_records']} missing records at risk")
     if s.get("source_state") is not None:
         held = s["source_state"]
         lines.append(f"  state held for {len(held)} source partition(s), as of the last "

@@ -41,6 +41,10 @@ ROWS = [
             ('sum by (topic) (diode_source_lag_records{job=~"$job"})', "{{topic}}")]),
         ("Still held by the source, by topic (records)", "short", [
             ('sum by (topic) (diode_source_held_records{job=~"$job"})', "{{topic}}")]),
+        ("Missing records at risk, and expired /min", "short", [
+            ('sum by (topic) (diode_missing_at_risk_records{job=~"$job"})', "at risk {{topic}}"),
+            ('sum (increase(diode_missing_expired_records_total{job=~"$job"}[1m]))',
+             "expired")]),
     ]),
     ("Latency and the link", [
         ("End-to-end latency", "s", [

@@ -567,6 +567,10 @@ class Stage(BaseStage):
             if known is None and len(self.source_state) >= MAX_PARTITIONS:
                 continue  # (bounded, as the partitions' states are)
             self.source_state[key] = (incarnation, log_start, end, state["time_ms"])
+            source = self.sources.get(key)
+            held = source.find(incarnation) if source is not None else None
+            for first, last in held.source_starts(log_start) if held is not None else ():
+                self._expired(topic, partition, first, last, incarnation)
         for topic, retention_ms, retention_bytes, policy in state["topics"]:
             if topic in self.topic_settings or len(self.topic_settings) < MAX_PARTITIONS:
                 self.topic_settings[topic] = (retention_ms, retention_bytes, policy)
@@ -575,21 +579,36 @@ class Stage(BaseStage):
         """Per source topic: the records its source holds (end - log start) and those not yet
         written here or reported missing (end - 1 - how far this writer has come: the lag),
         over the partitions this writer owns, of their current incarnations."""
-        lag, held = {}, {}
+        lag, held, risk = {}, {}, {}
+        margin = self.r.resend_margin_records
         for (topic, partition), (inc, log_start, end, _) in self.source_state.items():
             source = self.sources.get((topic, partition))
             state = source.current if source is not None else None
             if state is not None and state.incarnation != inc:
                 continue  # (a look at another incarnation than the one written)
             done = state.frontier if state is not None else log_start - 1
+            done = log_start - 1 if done is None else done
             lag[topic] = lag.get(topic, 0) + max(0, end - 1 - max(done, log_start - 1))
             held[topic] = held.get(topic, 0) + max(0, end - log_start)
+            risk[topic] = risk.get(topic, 0) + (state.at_risk(margin) if state else 0)
         for topic in self.lagging_topics - set(lag):
-            self.metrics.set("source_lag_records", 0, topic=topic)
+            for name in ("source_lag_records", "missing_at_risk_records"):
+                self.metrics.set(name, 0, topic=topic)
         for topic in lag:
             self.metrics.set("source_lag_records", lag[topic], topic=topic)
             self.metrics.set("source_held_records", held[topic], topic=topic)
+            self.metrics.set("missing_at_risk_records", risk[topic], topic=topic)
         self.lagging_topics = set(lag)
+
+    def _expired(self, topic: str, partition: int, first: int, last: int,
+                 incarnation: bytes) -> None:
+        """Reported missing, and now below the source's log start: never to be resent. Said
+        once more, with reason expired (counted apart: these records were counted missing
+        when first reported)."""
+        self.metrics.inc("missing_expired_records", last - first + 1)
+        self.log.warning("missing %s[%d] offsets %d..%d expired: the source no longer holds "
+                         "them, they cannot be resent", topic, partition, first, last)
+        self._publish("missing", topic, partition, first, last, "expired", incarnation)
 
     def _event(self, kind, topic, partition, first, last, reason,
                incarnation: bytes | None) -> None:
@@ -608,9 +627,14 @@ class Stage(BaseStage):
             self.metrics.inc("late_records", last - first + 1)
             self.log.info("late records %s[%d]@%d..%d filled a missing range", topic, partition,
                           first, last)
+        self._publish(kind, topic, partition, first, last, reason, incarnation)
+
+    def _publish(self, kind, topic, partition, first, last, reason, incarnation) -> None:
+        """An event on the missing-records topic, when there is one."""
         if self.r.missing_records_topic:
             event = {"type": kind, "sourceTopic": topic, "sourcePartition": partition,
-                     "sourceTopicId": topic_id, "firstOffset": first, "lastOffset": last,
+                     "sourceTopicId": identity.text(incarnation) if incarnation is not None
+                     else None, "firstOffset": first, "lastOffset": last,
                      "reason": reason, "detectedAt": int(time.time() * 1000)}
             self.event_queue.append((self.r.missing_records_topic, f"{topic}-{partition}".encode(),
                                      json.dumps(event).encode(), None))
@@ -916,4 +940,5 @@ class _Chain(list):
 MEANINGS = {"gap": "lost on the link", "tail": "sent before the last heartbeat, never arrived",
             "receiver-down": "sent while no receiver was reading",
             "source-reset": "still missing when a new incarnation of the source partition "
-                            "replaced this one"}
+                            "replaced this one",
+            "expired": "the source no longer holds them: they cannot be resent"}

@@ -93,6 +93,8 @@ class PartitionState:
         self.retiring: float | None = None
         self.retired = False
         self.source_end = -1               # the last offset its source held (the sender's word)
+        self.log_start = 0                 # the first its source still holds (ditto): gaps
+        #                                    below it were reported expired
         self._resetting = False            # reporting what a retirement leaves open
         self.wait = wait
         self.max_wait = max(wait, max_wait if max_wait is not None else wait)
@@ -129,7 +131,7 @@ class PartitionState:
                 "unknown": self.unknown[-CHECKPOINT_GAPS:], "wait": self.wait,
                 "expected": [[first, last] for first, last, _ in self.expected],
                 "retired": self.retired, "retiring": self.retiring is not None,
-                "source_end": self.source_end}
+                "source_end": self.source_end, "log_start": self.log_start}
 
     @classmethod
     def restore(cls, saved: dict, wait: float, max_wait: float | None = None,
@@ -138,6 +140,7 @@ class PartitionState:
                     max_wait=max_wait, incarnation=incarnation, **limits)
         state.retired = bool(saved.get("retired"))
         state.source_end = int(saved.get("source_end", -1))
+        state.log_start = int(saved.get("log_start", 0))
         if saved.get("retiring") and not state.retired:
             state.retiring = -1.0  # the wait starts again at the first expire() (the reader
             #                        clock it ran on went with the restart)
@@ -162,6 +165,28 @@ class PartitionState:
             if not self._overlaps(self.gaps, first, last):
                 bisect.insort(self.gaps, [first, last])
             self.written_up_to(last)
+
+    def source_starts(self, log_start: int) -> list:
+        """The source now holds this partition from `log_start` on: the parts of the reported
+        gaps below it that were not below its last log start, [first, last] ascending. They
+        can never be resent (they stay fillable: a record already on its way may still come)."""
+        if log_start <= self.log_start:
+            return []
+        floor, self.log_start = self.log_start, log_start
+        return [[max(first, floor), min(last, log_start - 1)] for first, last in self.gaps
+                if first < log_start and last >= floor]
+
+    def at_risk(self, margin: int) -> int:
+        """Records of the reported gaps that the source holds and will delete first: those less
+        than `margin` offsets above its log start."""
+        top, n = self.log_start + margin - 1, 0
+        i = max(0, bisect.bisect_left(self.gaps, [self.log_start]) - 1)
+        while i < len(self.gaps) and self.gaps[i][0] <= top:
+            first, last = self.gaps[i]
+            if last >= self.log_start:
+                n += min(last, top) - max(first, self.log_start) + 1
+            i += 1
+        return n
 
     def retire(self, now: float) -> None:
         """A newer incarnation of the source partition appeared (at the reader's clock `now`):

@@ -44,6 +44,12 @@ class Metric:
     per_topic: bool = False  # labelled by source topic: no series until a topic has one
 
 
+def _per_topic(about: str) -> Metric:
+    """A writer's gauge per source topic (label `topic`), about the source's state."""
+    return Metric("gauge", ("kafka_writer",), f"Per source topic (label topic): {about}",
+                  per_topic=True)
+
+
 READERS, ALL = ("kafka_reader",), ("kafka_reader", "packer", "udp_sender", "udp_reader",
                                    "unpacker", "kafka_writer")
 FORWARDING = ("kafka_reader", "packer", "udp_reader", "unpacker")
@@ -116,13 +122,17 @@ CATALOG = {
                                         "in the last hour"),
     "missing_ranges_last_hour": Metric("gauge", ("kafka_writer",), "Missing ranges reported in "
                                        "the last hour"),
-    "source_lag_records": Metric("gauge", ("kafka_writer",), "Per source topic (label topic): "
-                                 "records its source holds past what was written here or "
-                                 "reported missing, as of the sender's last look at it "
-                                 "(sender.source.state.interval.ms)", per_topic=True),
-    "source_held_records": Metric("gauge", ("kafka_writer",), "Per source topic (label topic): "
-                                  "records its source still holds (end - log start): what "
-                                  "could still be resent", per_topic=True),
+    "source_lag_records": _per_topic(
+        "records its source holds past what was written here or reported missing, as of the "
+        "sender's last look at it (sender.source.state.interval.ms)"),
+    "source_held_records": _per_topic(
+        "records its source still holds (end - log start): what could still be resent"),
+    "missing_at_risk_records": _per_topic(
+        "records reported missing that the source deletes next (within "
+        "receiver.resend.margin.records of its log start): resend them first"),
+    "missing_expired_records": Metric("counter", ("kafka_writer",), "Records reported missing "
+                                      "that the source no longer holds: they can never be "
+                                      "resent (reported again with reason expired)"),
     "late_records": Metric("counter", ("kafka_writer",), "Records that came after being "
                            "reported missing (fills), written"),
     "duplicates": Metric("gauge", ("kafka_writer",), "Duplicate records dropped"),

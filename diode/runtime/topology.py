@@ -302,6 +302,12 @@ class ReceiverSettings:
     missing_records_topic: str = setting(
         "", "Destination topic for missing ranges (JSON: sourceTopic, sourcePartition, "
         "firstOffset, lastOffset, reason, detectedAt) and later fills; empty: log only.")
+    resend_margin_records: int = setting(
+        100000, "A missing range is at risk when the source's log start (as the sender last "
+        "looked) is within this many offsets of it: retention deletes it next, so resend it "
+        "first. One below the log start has expired: it is reported once more, with reason "
+        "expired, and can never be resent (docs/operations.md, \"The source's state\").",
+        non_negative)
     heartbeat_topic: str = setting(
         "", "Destination topic recording link liveness: one JSON record per sender heartbeat "
         "received (like MirrorMaker's heartbeats); empty: none.")

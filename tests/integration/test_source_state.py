@@ -10,8 +10,8 @@ import sys
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tests.conftest import (ROOT, client, consume, create_topic, produce, wait_for,
-                            write_topology)
+from tests.conftest import (ROOT, client, consume, create_topic, missing_event, produce,
+                            wait_for, write_topology)
 
 
 def test_the_receiver_knows_how_far_behind_its_source_it_is(tmp_path, start_brokers,
@@ -44,3 +44,60 @@ def test_the_receiver_knows_how_far_behind_its_source_it_is(tmp_path, start_brok
         wait_for(lambda: diode.metric("source_held_records", "kafka_writer",
                                       topic="src") == 250, 20, "the deleted records to show")
     assert diode.stop() == 0
+
+
+def test_missing_ranges_at_risk_then_expired_as_the_source_deletes_them(
+        tmp_path, start_brokers, broker_kind, launch):
+    """Records sent while no receiver read are reported missing and, the source holding them,
+    at risk; once the source deletes them (DeleteRecords, as retention would) they are reported
+    once more as expired, part by part as the log start passes them. Tansu deletes nothing:
+    there they stay at risk."""
+    src, dst = start_brokers(broker_kind, "source", "destination")
+    create_topic(src.bootstrap, "src", 2)
+    topo = write_topology(tmp_path, src.bootstrap, dst.bootstrap,
+                          sender={"source.state.interval.ms": 300,
+                                  "heartbeat.interval.ms": 300},
+                          receiver={"missing.records.topic": "missing",
+                                    "reorder.wait.ms": 300})
+    sender = launch(topo, side="sender")
+    receiver = launch(topo, side="receiver")
+
+    def batch(first):
+        return [{"value": b"%05d" % i, "partition": i % 2} for i in range(first, first + 100)]
+    produce(src.bootstrap, "src", batch(0))  # offsets 0..49 of each partition
+    wait_for(lambda: receiver.metric("records", "kafka_writer") == 100, 60, "the first 100")
+    assert receiver.stop() == 0
+    produce(src.bootstrap, "src", batch(100))  # 50..99: sent while no receiver reads
+    wait_for(lambda: sender.metric("records", "kafka_reader") >= 200, 30, "them sent")
+    receiver = launch(topo, side="receiver")
+    wait_for(lambda: receiver.output().count("listening on udp") == 2, 60,
+             "the receiver reading again")  # (what comes now waits in its socket, journal)
+    produce(src.bootstrap, "src", batch(200))
+    events: list = []
+
+    def reported():
+        events[:] = [missing_event(m)[0] for m in consume(dst.bootstrap, "missing", 1,
+                                                           timeout=5, idle=1.0)]
+        return {(e["sourcePartition"], e["firstOffset"], e["lastOffset"], e["reason"])
+                for e in events} >= {(0, 50, 99, "receiver-down"), (1, 50, 99, "receiver-down")}
+    wait_for(reported, 90, "the records sent while no receiver read reported missing")
+    wait_for(lambda: receiver.metric("missing_at_risk_records", "kafka_writer",
+                                     topic="src") == 100, 30, "100 records at risk")
+    if broker_kind == "tansu":  # (no DeleteRecords)
+        assert receiver.metric("missing_expired_records", "kafka_writer") == 0
+        return
+    admin = AdminClient(client(src.bootstrap))
+    for step in (80, 120):  # the log start passes 50..79, then the rest
+        for future in admin.delete_records([TopicPartition("src", 0, step)]).values():
+            future.result(30)
+        wait_for(lambda: receiver.metric("missing_at_risk_records", "kafka_writer",
+                                         topic="src") == 50 + max(0, 100 - step), 30,
+                 f"the records below {step} no longer at risk")
+    assert receiver.metric("missing_expired_records", "kafka_writer") == 50
+    wait_for(lambda: reported() and sum(e["reason"] == "expired" for e in events) == 2, 30,
+             "the expired ranges reported")
+    assert sorted((e["sourcePartition"], e["firstOffset"], e["lastOffset"]) for e in events
+                  if e["reason"] == "expired") == [(0, 50, 79), (0, 80, 99)]
+    assert "0 records behind" in subprocess.run(
+        [sys.executable, "-m", "diode", "status", str(topo)], capture_output=True, text=True,
+        cwd=ROOT).stdout

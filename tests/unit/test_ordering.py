@@ -457,3 +457,17 @@ def test_a_checkpoint_keeps_gaps_for_late_fills_and_its_size_is_bounded():
     late = chain([5997], start_chain=False)
     _, _, filled = feed(again, late)
     assert filled == [5997]
+
+
+def test_reported_gaps_expire_once_as_the_source_log_start_passes_them():
+    """PartitionState.source_starts: the parts of the reported gaps newly below the source's
+    log start, each once; at_risk: those within the margin above it."""
+    s = PartitionState(0.0)
+    s.gaps = [[10, 19], [30, 39], [50, 59]]
+    assert s.at_risk(100) == 30 and s.at_risk(35) == 15  # (10..19, 30..34)
+    assert s.source_starts(15) == [[10, 14]]
+    assert s.source_starts(15) == [] and s.source_starts(12) == []  # once; never back
+    assert s.source_starts(35) == [[15, 19], [30, 34]]
+    assert s.at_risk(100) == 15 and s.at_risk(1) == 1  # 35..39, 50..59; then 35 alone
+    assert s.gaps == [[10, 19], [30, 39], [50, 59]]  # (still fillable: a late record may come)
+    assert PartitionState.restore(s.checkpoint(), 0.0).source_starts(35) == []
