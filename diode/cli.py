@@ -105,7 +105,9 @@ def cmd_resend(args) -> int:
     mean something only within one incarnation of a topic (diode.kafka.identity): an entry
     whose topicId names another than the source's current one is refused (its offsets hold
     other records now, or none); one without (a manifest of a diode older than topic ids) is
-    sent unchecked. Exit 1 when any entry was refused."""
+    sent unchecked. A link with a cipher takes only a manifest signed with its key (`diode
+    tickets --manifest`, `diode verify --manifest --topology`): one altered, widened or forged
+    is refused whole. Exit 1 when any entry was refused."""
     import json
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
@@ -113,10 +115,14 @@ def cmd_resend(args) -> int:
     from diode.kafka.clients import admin_config, consumer_config
     from diode.kafka.refresh import topic_ids
     from diode.runtime.supervisor import Supervisor
+    from diode.ticket_command import manifest_problem
     log = logging.getLogger("diode")
     t = topo.load(args.topology)
     try:
         manifest = json.loads(open(args.manifest).read())
+        problem = manifest_problem(t, manifest)
+        if problem:
+            raise DiodeError(f"{args.manifest} is refused, nothing resent: {problem}")
         entries = []  # (topic, partition, incarnation or None, ranges)
         for entry in manifest["missing"]:
             said = entry.get("topicId")
@@ -260,7 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "ranges again (from diode verify or the missing-records topic); those of "
                        "another incarnation than the source topic's current one are refused")
     p.add_argument("manifest", help="JSON: {\"missing\": [{\"topic\", \"partition\", "
-                   "\"topicId\", \"ranges\"}, …]} (docs/verification.md)")
+                   "\"topicId\", \"ranges\", \"tickets\"}, …], \"auth\": …} signed with the "
+                   "link's key (docs/verification.md)")
     p.add_argument("--topology", required=True)
     p.add_argument("--run-dir", help="directory for ipc endpoints and metrics")
     p.set_defaults(func=cmd_resend)
@@ -298,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     connect_import.add_parser(sub)
     from diode import status
     status.add_parser(sub)
+    from diode import ticket_command
+    ticket_command.add_parser(sub)
     parser.subcommands = sub
     return parser
 

@@ -6,7 +6,8 @@ Prometheus endpoint when the textfiles are off), read twice a moment apart, give
 Per launch: the workers (state, pid, pinned CPUs and the CPU each last ran on, restarts,
 records/s, CPU %), the link (age of the sender's last heartbeat, sender sessions, datagrams the
 socket dropped and the receiver rejected), the destination (backlog, journal), the missing
-ranges reported in the last hour, per source topic how far behind it the receiver is, what it
+ranges reported in the last hour, the resend tickets (open, the oldest's age, closed and the mean
+time to repair), per source topic how far behind it the receiver is, what it
 still holds and the missing records at risk, and per source partition the incarnations (topic
 ids) the receiver holds state for, as of its writers' last checkpoints. Exit 1 when nothing runs.
 """
@@ -129,6 +130,14 @@ def launch_status(entry: dict, before: dict, after: dict, topology=None) -> dict
                         "journal_bytes": int(total("journal_bytes")),
                         "journal_unforwarded_bytes": int(total("journal_unforwarded_bytes"))}
         if receiver else None,
+        "tickets": {"open": int(total("tickets_open")),
+                    "oldest_age_seconds": max(_per_worker(after["texts"],
+                                                          "ticket_oldest_age_seconds").values(),
+                                              default=0.0),
+                    **{f"closed_{how}": int(total("tickets_closed", reason=how))
+                       for how in ("filled", "expired", "untracked")},
+                    "repair_seconds": total("ticket_repair_seconds")}
+        if receiver else None,
         "missing_last_hour": {"ranges": int(total("missing_ranges_last_hour")),
                               "records": int(total("missing_records_last_hour"))}
         if receiver else None,
@@ -178,6 +187,13 @@ def render(s: dict) -> str:
                      f"({d['journal_unforwarded_bytes'] / 2 ** 20:.1f} MiB not yet forwarded)")
         m = s["missing_last_hour"]
         lines.append(f"  missing in the last hour: {m['ranges']} ranges, {m['records']} records")
+        t = s["tickets"]
+        repaired = f", {t['repair_seconds'] / t['closed_filled']:.0f} s to repair on average" \
+            if t["closed_filled"] else ""
+        lines.append(f"  resend tickets: {t['open']} open"
+                     + (f" (the oldest {_age(t['oldest_age_seconds'])} old)" if t["open"] else "")
+                     + f"; closed {t['closed_filled']} filled{repaired}, {t['closed_expired']} "
+                     f"expired, {t['closed_untracked']} untracked (diode tickets)")
         for topic, src in (s.get("source") or {}).items():
             lines.append(f"  source {topic}: {src['lag_records']} records behind, "
                          f"{src['held_records']} still held there (as the sender last looked); "

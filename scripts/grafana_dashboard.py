@@ -45,6 +45,14 @@ ROWS = [
             ('sum by (topic) (diode_missing_at_risk_records{job=~"$job"})', "at risk {{topic}}"),
             ('sum (increase(diode_missing_expired_records_total{job=~"$job"}[1m]))',
              "expired")]),
+        ("Resend tickets: open, the oldest's age (s), closed /min", "short", [
+            ('sum (diode_tickets_open{job=~"$job"})', "open"),
+            ('max (diode_ticket_oldest_age_seconds{job=~"$job"})', "oldest age"),
+            ('sum by (reason) (increase(diode_tickets_closed_total{job=~"$job"}[1m]))',
+             "closed {{reason}}")]),
+        ("Mean time to repair a ticket (s)", "s", [
+            ('sum (rate(diode_ticket_repair_seconds_total{job=~"$job"}[1h])) / sum (rate('
+             'diode_tickets_closed_total{reason="filled",job=~"$job"}[1h]))', "mean")]),
     ]),
     ("Latency and the link", [
         ("End-to-end latency", "s", [

@@ -55,6 +55,7 @@ from diode.kafka import identity, recovery
 from diode.errors import DiodeError, RejectedDatagram
 from diode.kafka.clients import (admin_config, client_settings, create_topic,
                                  partition_counts, produce_run, producer_config)
+from diode.accounting import tickets
 from diode.accounting.ordering import PartitionState, SourcePartition
 from diode.accounting.ranges import merge
 from diode.link.records import partition_owner
@@ -124,7 +125,8 @@ class Stage(BaseStage):
         self.source_partitions: dict = {}  # source topic -> partition count (from the sender)
         self.next_metadata: dict = {}     # topic -> when its metadata may be asked again
         self.topic_trouble: dict = {}     # destination topic -> (since, error, for good)
-        self.backlog = deque()            # [run, next index, columns] not yet all produced
+        self.backlog = deque()            # [run, next index, columns, extra headers] not yet
+        #                                   all produced (the extra: a resent run's ticket)
         self.backlog_records = 0          # records in the backlog
         # (topic, partition) -> SourcePartition: a PartitionState per incarnation heard of
         self.sources: dict = {}
@@ -267,7 +269,7 @@ class Stage(BaseStage):
         if u.missing or u.filled:  # (the wait only lengthens on a fill)
             self._apply(run.topic, run.partition, state, u, wait)
         else:  # the common case: runs to write, nothing to report
-            self._queue(u.writes)
+            self._queue(u.writes, state)
 
     def _claim(self, claim) -> None:
         """A heartbeat's claim: the sender's chain of an incarnation of a source partition, and
@@ -285,10 +287,15 @@ class Stage(BaseStage):
             return None
         return min(m[1] for m in self.marks)
 
-    def _queue(self, writes: list) -> None:
-        """Runs to write, after those already waiting."""
+    def _queue(self, writes: list, state: PartitionState | None = None) -> None:
+        """Runs to write, after those already waiting (a resent one with its tickets)."""
         for run in writes:
-            self.backlog.append([run, 0, None])
+            if run.resend:
+                self.backlog.extend(self._ticket_headers(run, state))
+            else:
+                self.backlog.append([run, 0, None, ()])
+                if state is not None and run.types[-1]:
+                    state.last_timestamp = run.timestamps[-1]
             self.backlog_records += len(run)
 
     def _decode(self, frame) -> Run | None:
@@ -310,9 +317,57 @@ class Stage(BaseStage):
 
     def _report_fills(self) -> None:
         for (topic, partition, incarnation), offsets in self.fills.items():
+            source = self.sources.get((topic, partition))
+            state = source.find(incarnation) if source is not None else None
             for first, last in merge([(o, o) for o in offsets]):
                 self._event("filled", topic, partition, first, last, "late", incarnation)
+                if state is not None:
+                    self._close_tickets(topic, partition, state, state.settle_tickets(first, last))
         self.fills.clear()
+
+    # -- resend tickets (diode.accounting.tickets) ---------------------------------------------
+
+    def _ticket(self, topic: str, partition: int, state: PartitionState, first: int,
+                last: int) -> str:
+        return tickets.ticket_id(identity.text(state.incarnation), topic, partition, first, last)
+
+    def _close_tickets(self, topic: str, partition: int, state: PartitionState,
+                       closed: list) -> None:
+        """Tickets closed: counted, logged, and said on the missing-records topic."""
+        now_ms = int(time.time() * 1000)
+        for first, last, opened, how in closed:
+            tid = self._ticket(topic, partition, state, first, last)
+            self.metrics.inc("tickets_closed", reason=how)
+            if how == "filled":
+                self.metrics.inc("ticket_repair_seconds", max(0, now_ms - opened) / 1000)
+            self.log.info("ticket %s (%s[%d] %d..%d) closed: %s after %.0f s", tid, topic,
+                          partition, first, last, how, max(0, now_ms - opened) / 1000)
+            self._publish("closed", topic, partition, first, last, how, state.incarnation,
+                          ticket=tid, state=how, openedAt=opened, closedAt=now_ms)
+
+    def _ticket_headers(self, run: Run, state: PartitionState | None) -> list:
+        """A resent run as entries of the backlog, cut where the open ticket its records fill
+        changes: each with the header naming that ticket (none for records of no ticket)."""
+        if state is None or not state.tickets:
+            return [[run, 0, None, ()]]
+        parts, start, current = [], 0, None
+        for i, offset in enumerate(run.offsets):
+            t = state.ticket_at(offset)
+            tid = self._ticket(run.topic, run.partition, state, t[0], t[1]) if t else None
+            if i and tid != current:
+                parts.append((start, i, current))
+                start = i
+            current = tid
+        parts.append((start, len(run), current))
+        return [[run if (a, b) == (0, len(run)) else run.take(range(a, b)), 0, None,
+                 ((tickets.HEADER, tid.encode()),) if tid else ()] for a, b, tid in parts]
+
+    def _export_tickets(self) -> None:
+        now_ms = int(time.time() * 1000)
+        opened = [t[2] for _, s in self._all_states() for t in s.tickets]
+        self.metrics.set("tickets_open", len(opened))
+        self.metrics.set("ticket_oldest_age_seconds",
+                         round(max(0, now_ms - min(opened)) / 1000, 3) if opened else 0)
 
     # -- restarts: checkpoints and what the destination holds ----------------------------------
 
@@ -514,10 +569,18 @@ class Stage(BaseStage):
             # The report goes before the records after the gap: were they written and the
             # report lost with this process, a restart would take the gap for written.
             self.events_first = True
-        self._queue(u.writes)
-        for m in u.missing:
+        now_ms = int(time.time() * 1000)
+        for m in u.missing:  # (the tickets before the writes: the last record before the gap)
             self._event("missing", topic, partition, m.first, m.last, m.reason,
-                        state.incarnation)
+                        state.incarnation, ticket=self._ticket(topic, partition, state, m.first,
+                                                               m.last))
+            if m.reason == "source-reset":  # (its incarnation is gone: nothing can resend it)
+                self._close_tickets(topic, partition, state,
+                                    [[m.first, m.last, now_ms, "expired"]])
+            else:
+                self._close_tickets(topic, partition, state,
+                                    state.open_ticket(m.first, m.last, now_ms))
+        self._queue(u.writes, state)
         if u.filled:  # reported per run of offsets, once per step (_report_fills)
             self.fills.setdefault((topic, partition, state.incarnation), []).extend(u.filled)
         if wait is not None and state.wait > wait:
@@ -556,6 +619,7 @@ class Stage(BaseStage):
         self.metrics.set("missing_ranges_last_hour", len(self.recent_missing))
         self.metrics.set("missing_records_last_hour", sum(n for _, n in self.recent_missing))
         self._export_source_state()
+        self._export_tickets()
 
     def _source(self, state: dict) -> None:
         """A reader's look at its source: the partitions this writer owns, newest look kept."""
@@ -570,7 +634,10 @@ class Stage(BaseStage):
             source = self.sources.get(key)
             held = source.find(incarnation) if source is not None else None
             for first, last in held.source_starts(log_start) if held is not None else ():
-                self._expired(topic, partition, first, last, incarnation)
+                ticket = held.ticket_at(first)
+                self._expired(topic, partition, first, last, incarnation, ticket=self._ticket(
+                    topic, partition, held, ticket[0], ticket[1]) if ticket else None)
+                self._close_tickets(topic, partition, held, held.settle_tickets(first, last))
         for topic, retention_ms, retention_bytes, policy in state["topics"]:
             if topic in self.topic_settings or len(self.topic_settings) < MAX_PARTITIONS:
                 self.topic_settings[topic] = (retention_ms, retention_bytes, policy)
@@ -581,6 +648,7 @@ class Stage(BaseStage):
         over the partitions this writer owns, of their current incarnations."""
         lag, held, risk = {}, {}, {}
         margin = self.r.resend_margin_records
+        horizon = int(time.time() * 1000 + self.r.resend_horizon_ms)
         for (topic, partition), (inc, log_start, end, _) in self.source_state.items():
             source = self.sources.get((topic, partition))
             state = source.current if source is not None else None
@@ -590,7 +658,9 @@ class Stage(BaseStage):
             done = log_start - 1 if done is None else done
             lag[topic] = lag.get(topic, 0) + max(0, end - 1 - max(done, log_start - 1))
             held[topic] = held.get(topic, 0) + max(0, end - log_start)
-            risk[topic] = risk.get(topic, 0) + (state.at_risk(margin) if state else 0)
+            retention_ms = self.topic_settings.get(topic, (-1,))[0]
+            due = state.due_by(horizon, retention_ms) if state and retention_ms >= 0 else ()
+            risk[topic] = risk.get(topic, 0) + (state.at_risk(margin, due) if state else 0)
         for topic in self.lagging_topics - set(lag):
             for name in ("source_lag_records", "missing_at_risk_records"):
                 self.metrics.set(name, 0, topic=topic)
@@ -601,17 +671,18 @@ class Stage(BaseStage):
         self.lagging_topics = set(lag)
 
     def _expired(self, topic: str, partition: int, first: int, last: int,
-                 incarnation: bytes) -> None:
+                 incarnation: bytes, ticket: str | None) -> None:
         """Reported missing, and now below the source's log start: never to be resent. Said
-        once more, with reason expired (counted apart: these records were counted missing
-        when first reported)."""
+        once more, with reason expired and the ticket it is part of (counted apart: these
+        records were counted missing when first reported)."""
         self.metrics.inc("missing_expired_records", last - first + 1)
         self.log.warning("missing %s[%d] offsets %d..%d expired: the source no longer holds "
                          "them, they cannot be resent", topic, partition, first, last)
-        self._publish("missing", topic, partition, first, last, "expired", incarnation)
+        self._publish("missing", topic, partition, first, last, "expired", incarnation,
+                      **({"ticket": ticket} if ticket else {}))
 
     def _event(self, kind, topic, partition, first, last, reason,
-               incarnation: bytes | None) -> None:
+               incarnation: bytes | None, **more) -> None:
         """A missing range (or a late record filling one) of an incarnation of a source
         partition: logged, counted, and written to the missing-records topic when there is
         one."""
@@ -627,15 +698,16 @@ class Stage(BaseStage):
             self.metrics.inc("late_records", last - first + 1)
             self.log.info("late records %s[%d]@%d..%d filled a missing range", topic, partition,
                           first, last)
-        self._publish(kind, topic, partition, first, last, reason, incarnation)
+        self._publish(kind, topic, partition, first, last, reason, incarnation, **more)
 
-    def _publish(self, kind, topic, partition, first, last, reason, incarnation) -> None:
-        """An event on the missing-records topic, when there is one."""
+    def _publish(self, kind, topic, partition, first, last, reason, incarnation,
+                 **more) -> None:
+        """An event on the missing-records topic, when there is one (`more`: its ticket)."""
         if self.r.missing_records_topic:
             event = {"type": kind, "sourceTopic": topic, "sourcePartition": partition,
                      "sourceTopicId": identity.text(incarnation) if incarnation is not None
                      else None, "firstOffset": first, "lastOffset": last,
-                     "reason": reason, "detectedAt": int(time.time() * 1000)}
+                     "reason": reason, "detectedAt": int(time.time() * 1000), **more}
             self.event_queue.append((self.r.missing_records_topic, f"{topic}-{partition}".encode(),
                                      json.dumps(event).encode(), None))
 
@@ -732,7 +804,7 @@ class Stage(BaseStage):
                 entry[2] = (run.key_list(), run.value_list(), run.header_lists())
             partition = run.partition if run.partition < self.dest_partitions[topic] else -1
             done = produce_run(self.producer, topic, partition, run, entry[2], entry[1],
-                               written_at)
+                               [*written_at, *entry[3]] if entry[3] else written_at)
             if done > entry[1] and run.types[entry[1]]:  # one sample a run: its oldest record
                 self.latency_marks.append((self.produced + 1, run.timestamps[entry[1]]))
             self.sent.append((topic, run, entry[2]))
@@ -929,7 +1001,7 @@ def joined(backlog: deque) -> deque:
             chains[key] = chain = _Chain([run])
             chain.records = len(run)
             out.append(chain)
-    return deque(([Run.join(x) if len(x) > 1 else x[0], 0, None]
+    return deque(([Run.join(x) if len(x) > 1 else x[0], 0, None, ()]
                   if isinstance(x, _Chain) else x) for x in out)
 
 

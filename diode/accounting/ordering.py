@@ -121,6 +121,11 @@ class PartitionState:
         self._claims: deque = deque()      # (time, last sent offset, live), increasing
         self.duplicates = 0
         self.resumed = resumed             # after a restart, no live record written yet
+        # Open resend tickets (diode.accounting.tickets): reported ranges, [first, last,
+        # opened at (wall clock, ms), the source timestamp of the last record written before
+        # them or None], sorted and disjoint, until no gap is left in them.
+        self.tickets: list = []
+        self.last_timestamp: int | None = None  # of the last record written (the caller's)
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -131,7 +136,9 @@ class PartitionState:
                 "unknown": self.unknown[-CHECKPOINT_GAPS:], "wait": self.wait,
                 "expected": [[first, last] for first, last, _ in self.expected],
                 "retired": self.retired, "retiring": self.retiring is not None,
-                "source_end": self.source_end, "log_start": self.log_start}
+                "source_end": self.source_end, "log_start": self.log_start,
+                "tickets": self.tickets[-CHECKPOINT_GAPS:],
+                "last_timestamp": self.last_timestamp}
 
     @classmethod
     def restore(cls, saved: dict, wait: float, max_wait: float | None = None,
@@ -146,6 +153,9 @@ class PartitionState:
             #                        clock it ran on went with the restart)
         state.gaps = [list(g) for g in saved.get("gaps", [])]
         state.unknown = [list(g) for g in saved.get("unknown", [])]
+        state.tickets = [[*t[:3], t[3] if len(t) > 3 else None]
+                         for t in saved.get("tickets", [])]
+        state.last_timestamp = saved.get("last_timestamp")
         # the wait starts again at the first expire() after the restart
         state.expected = [[first, last, None] for first, last in saved.get("expected", [])]
         state.resumed = True
@@ -176,9 +186,9 @@ class PartitionState:
         return [[max(first, floor), min(last, log_start - 1)] for first, last in self.gaps
                 if first < log_start and last >= floor]
 
-    def at_risk(self, margin: int) -> int:
+    def at_risk(self, margin: int, due: list = ()) -> int:
         """Records of the reported gaps that the source holds and will delete first: those less
-        than `margin` offsets above its log start."""
+        than `margin` offsets above its log start, and those in the ranges `due` (due_by)."""
         top, n = self.log_start + margin - 1, 0
         i = max(0, bisect.bisect_left(self.gaps, [self.log_start]) - 1)
         while i < len(self.gaps) and self.gaps[i][0] <= top:
@@ -186,7 +196,67 @@ class PartitionState:
             if last >= self.log_start:
                 n += min(last, top) - max(first, self.log_start) + 1
             i += 1
+        for first, last in due:  # (above the margin: counted once)
+            lo = max(first, top + 1)
+            j = max(0, bisect.bisect_left(self.gaps, [lo]) - 1)
+            while j < len(self.gaps) and self.gaps[j][0] <= last:
+                a, b = max(self.gaps[j][0], lo), min(self.gaps[j][1], last)
+                n += max(0, b - a + 1)
+                j += 1
         return n
+
+    # -- tickets -----------------------------------------------------------------------------
+
+    def open_ticket(self, first: int, last: int, now_ms: int) -> list:
+        """A reported missing range is a ticket from now on (once: a range reported again after
+        a restart keeps its ticket), with the timestamp of the last record written before it.
+        Returns the oldest tickets dropped to keep at most `max_gaps` open, as closed ones:
+        [first, last, opened, "untracked"]."""
+        i = bisect.bisect_left(self.tickets, [first])
+        if i < len(self.tickets) and self.tickets[i][:2] == [first, last]:
+            return []
+        self.tickets.insert(i, [first, last, now_ms, self.last_timestamp])
+        dropped = []
+        while len(self.tickets) > self.max_gaps:
+            dropped.append([*self.tickets.pop(0)[:3], "untracked"])
+        return dropped
+
+    def due_by(self, deadline_ms: int, retention_ms: int) -> list:
+        """The open tickets whose records retention deletes before `deadline_ms`, by their
+        timestamps (a lower bound: the last record written before each): [first, last]."""
+        return [t[:2] for t in self.tickets
+                if t[3] is not None and t[3] + retention_ms < deadline_ms]
+
+    def ticket_at(self, offset: int) -> list | None:
+        """The open ticket whose range holds `offset`: [first, last, opened, ts], or None."""
+        i = bisect.bisect_right(self.tickets, [offset, float("inf")]) - 1
+        return self.tickets[i] if i >= 0 and self.tickets[i][1] >= offset else None
+
+    def settle_tickets(self, first: int, last: int) -> list:
+        """Close the open tickets overlapping [first, last] that no reported gap is left in
+        ("filled") or whose gaps left are all below the source's log start ("expired"):
+        returned as [first, last, opened, state]."""
+        closed = []
+        i = max(0, bisect.bisect_right(self.tickets, [first]) - 1)
+        while i < len(self.tickets) and self.tickets[i][0] <= last:
+            t0, t1, opened, _ = self.tickets[i]
+            if t1 < first:
+                i += 1
+                continue
+            top = self._highest_gap_in(t0, t1)
+            if top is None or top < self.log_start:
+                closed.append([t0, t1, opened, "filled" if top is None else "expired"])
+                del self.tickets[i]
+            else:
+                i += 1
+        return closed
+
+    def _highest_gap_in(self, first: int, last: int) -> int | None:
+        """The highest offset in [first, last] still in a reported gap (None: none is)."""
+        i = bisect.bisect_right(self.gaps, [last, float("inf")]) - 1
+        if i >= 0 and self.gaps[i][1] >= first:
+            return min(self.gaps[i][1], last)
+        return None
 
     def retire(self, now: float) -> None:
         """A newer incarnation of the source partition appeared (at the reader's clock `now`):

@@ -148,6 +148,34 @@ def last_reported(settings: dict, missing_topic: str, since_ms: int | None = Non
     return {pair: [list(rg) for rg in merge(ranges)] for pair, ranges in sorted(found.items())}
 
 
+def all_events(settings: dict, missing_topic: str, timeout: float = 30.0) -> list[dict]:
+    """Every event of the missing-records topic still held, each partition's in order (a
+    source partition's events are all in one), to the true end; records that are not events
+    are counted in a warning. A missing topic: []."""
+    events, skipped = [], 0
+
+    def take(dp: int, msgs: list) -> None:
+        nonlocal skipped
+        for m in msgs:
+            try:
+                e = json.loads(m.value())
+                if not isinstance(e, dict):
+                    raise ValueError(e)
+                events.append(e)
+            except (TypeError, ValueError):
+                skipped += 1
+
+    with _Reader(settings, timeout) as r:
+        count = r.partitions(missing_topic)
+        if not count:
+            return []
+        starts = {dp: r.watermarks(missing_topic, dp)[0] for dp in range(count)}
+        r.read(missing_topic, {dp: (s, None) for dp, s in starts.items()}, take)
+    if skipped:
+        log.warning("%s: %d record(s) are not events; ignored", missing_topic, skipped)
+    return events
+
+
 class _Backward:
     """The chunks of one partition, from its end backward: (start, end) with end None for the
     first (read on to the true end), never below the start or `max_scan` before the reported

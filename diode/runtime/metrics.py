@@ -129,10 +129,22 @@ CATALOG = {
         "records its source still holds (end - log start): what could still be resent"),
     "missing_at_risk_records": _per_topic(
         "records reported missing that the source deletes next (within "
-        "receiver.resend.margin.records of its log start): resend them first"),
+        "receiver.resend.margin.records of its log start, or by their timestamps and the "
+        "topic's retention.ms within receiver.resend.horizon.ms): resend them first"),
     "missing_expired_records": Metric("counter", ("kafka_writer",), "Records reported missing "
                                       "that the source no longer holds: they can never be "
                                       "resent (reported again with reason expired)"),
+    "tickets_open": Metric("gauge", ("kafka_writer",), "Resend tickets open: reported missing "
+                           "ranges not yet filled or expired (diode tickets)"),
+    "ticket_oldest_age_seconds": Metric("gauge", ("kafka_writer",), "Age of the oldest open "
+                                        "resend ticket (0: none open)"),
+    "tickets_closed": Metric("counter", ("kafka_writer",), "Resend tickets closed, by reason: "
+                             "filled (every record arrived), expired (the source deleted what "
+                             "was left), untracked (past the open tickets kept per partition)",
+                             reasons=("filled", "expired", "untracked")),
+    "ticket_repair_seconds": Metric("counter", ("kafka_writer",), "Seconds from report to "
+                                    "repair, summed over the tickets closed filled (divided by "
+                                    "tickets_closed{reason=filled}: the mean time to repair)"),
     "late_records": Metric("counter", ("kafka_writer",), "Records that came after being "
                            "reported missing (fills), written"),
     "duplicates": Metric("gauge", ("kafka_writer",), "Duplicate records dropped"),

@@ -308,6 +308,10 @@ class ReceiverSettings:
         "first. One below the log start has expired: it is reported once more, with reason "
         "expired, and can never be resent (docs/operations.md, \"The source's state\").",
         non_negative)
+    resend_horizon_ms: float = setting(
+        86400000.0, "A missing range is at risk too when, by its records' timestamps (from the "
+        "last record written before it) and the source topic's retention.ms, retention deletes "
+        "it within this long (24 h): resend it before then.", non_negative)
     heartbeat_topic: str = setting(
         "", "Destination topic recording link liveness: one JSON record per sender heartbeat "
         "received (like MirrorMaker's heartbeats); empty: none.")

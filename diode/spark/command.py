@@ -78,8 +78,16 @@ def audit_once(args) -> int:
         with open(args.json, "w") as f:
             json.dump(rep, f, indent=1)
     if args.manifest:
+        written = manifest(rep)
+        if args.topology:
+            from diode.runtime import topology as topo
+            from diode.ticket_command import signed
+            written = signed(topo.load(args.topology), written)
+        else:
+            say("the manifest is not signed (no --topology): `diode resend` refuses it on a "
+                "link with a cipher")
         with open(args.manifest, "w") as f:
-            json.dump(manifest(rep), f, indent=1)
+            json.dump(written, f, indent=1)
     if "comparison" in rep:
         t = rep["totals"]
         print(f"against the source: {t['lost']} lost, {t['duplicated']} duplicated, "
@@ -98,7 +106,10 @@ def add_arguments(p) -> None:
     p.add_argument("--source-bootstrap", help="the source cluster too: compare record by record "
                    "(lost, duplicated, altered); soak tests and pre-production")
     p.add_argument("--json", help="write the report as JSON")
-    p.add_argument("--manifest", help="write the resend manifest (missing ranges)")
+    p.add_argument("--manifest", help="write the resend manifest (missing ranges), signed "
+                   "with the link's key of --topology")
+    p.add_argument("--topology", help="the receiver's topology: its link key signs the "
+                   "manifest (diode resend refuses an unsigned one when the link has a cipher)")
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     p.add_argument("--format", choices=("auto", "native", "python"), default="auto",
                    help="Kafka source: Spark's spark-sql-kafka (native; fetched through mvn "

@@ -3,6 +3,8 @@
 import json
 import random
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -10,7 +12,7 @@ import pytest
 
 from diode.link.linksim import Faults, FaultSettings, LinkSim
 from tests.conftest import (consume, create_topic, free_port, headers_of, produce,
-                            source_coordinates, topic_id, write_topology)
+                            source_coordinates, topic_id, wait_for, write_topology)
 
 SENDER, RECEIVER = 3, 3
 
@@ -76,7 +78,7 @@ def missing_offsets(dst, expected_events=0, timeout=5.0):
                    for o in range(e["firstOffset"], e["lastOffset"] + 1)}
         if e["type"] == "missing":
             missing |= offsets
-        else:
+        elif e["type"] == "filled":
             missing -= offsets
     return missing, events
 
@@ -255,36 +257,68 @@ def test_redundant_copies_recover_uniform_loss_and_are_deduplicated(link):
     assert lk.receiver.metric("rejects", "unpacker", reason="replayed") > 0
 
 
-def test_diode_resend_fills_the_reported_gaps_end_to_end(link, tmp_path):
-    """5 % loss; the missing ranges become a manifest; `diode resend` on the high side sends
-    exactly those ranges again; the destination is then complete."""
-    import subprocess
-    import sys
+def diode(*args, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "diode", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_lost_records_open_tickets_that_a_signed_resend_closes(link, tmp_path):
+    """5 % loss opens a ticket per missing range; `diode tickets --manifest` on the low side
+    writes them signed; a copy with one range widened, or one byte changed, is refused by
+    `diode resend` on the high side; the manifest itself sends exactly those ranges again, each
+    resent record names its ticket, and every ticket closes, filled."""
     lk = link(Faults(FaultSettings(loss=0.05, seed=11)), link={"datagram.size.bytes": 600})
     create_topic(lk.src.bootstrap, "src", 2)
     total = 2000
     produce(lk.src.bootstrap, "src", [{"value": b"%05d" % i, "partition": i % 2}
                                       for i in range(total)])
     sent = {("src", p, o) for p in range(2) for o in range(total // 2)}
-    arrived, reported, _ = settle(lk, sent)
+    arrived, reported, events = settle(lk, sent)
     assert reported and reported == sent - arrived
-    lk.sim.faults = Faults(FaultSettings())  # the operator resends over a good day's link
-    manifest = {"version": 1, "missing": []}
-    for t, p in sorted({(t, p) for t, p, _ in reported}):
-        offsets = sorted(o for tt, pp, o in reported if (tt, pp) == (t, p))
-        manifest["missing"].append({"topic": t, "partition": p,
-                                    "ranges": [[o, o] for o in offsets]})
+    r = diode("tickets", lk.receiver_topo, "--open", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    opened = json.loads(r.stdout)
+    assert {("src", t["partition"], o) for t in opened
+            for o in range(t["first"], t["last"] + 1)} == reported
+    assert {t["ticket"] for t in opened} == {e["ticket"] for e in events
+                                             if e["type"] == "missing"}
     path = tmp_path / "manifest.json"
-    path.write_text(json.dumps(manifest))
-    r = subprocess.run([sys.executable, "-m", "diode", "resend", str(path), "--topology",
-                        str(lk.sender_topo)], capture_output=True, text=True, timeout=120)
+    r = diode("tickets", lk.receiver_topo, "--manifest", path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    manifest = json.loads(path.read_text())
+    assert manifest["auth"]["alg"] == "HMAC-SHA256"
+
+    widened = json.loads(path.read_text())
+    widened["missing"][0]["ranges"][0][1] += 5
+    changed = path.read_text().replace('"ranges"', '"rangez"', 1)
+    for i, bad in enumerate((json.dumps(widened), changed)):
+        (tmp_path / f"bad{i}.json").write_text(bad)
+        r = diode("resend", tmp_path / f"bad{i}.json", "--topology", lk.sender_topo)
+        assert r.returncode == 1 and "is refused, nothing resent" in r.stderr, r.stderr[-2000:]
+        assert "resend complete" not in r.stderr
+
+    lk.sim.faults = Faults(FaultSettings())  # the operator resends over a good day's link
+    r = diode("resend", path, "--topology", lk.sender_topo)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resend complete" in r.stderr
     got = consume(lk.dst.bootstrap, "dst_src", total, timeout=30, idle=1,
                   distinct=lambda m: headers_of(m)["sourceOffset"] + headers_of(m)[
                       "sourcePartition"])
     assert set(source_coordinates(got)) == sent
+    ticket_of = {("src", t["partition"], o): t["ticket"] for t in opened
+                 for o in range(t["first"], t["last"] + 1)}
+    resent = [m for m in got if "diodeTicket" in headers_of(m)]
+    named = {(c, headers_of(m)["diodeTicket"].decode())
+             for c, m in zip(source_coordinates(resent), resent)}
+    assert named == {(c, ticket_of[c]) for c in reported}
+    book = wait_for(lambda: (lambda b: b if all(t["state"] == "filled" for t in b) else None)(
+        json.loads(diode("tickets", lk.receiver_topo, "--json").stdout)), 30,
+        "every ticket closed")
+    assert sorted(t["ticket"] for t in book) == sorted(t["ticket"] for t in opened)
+    assert {t["state"] for t in book} == {"filled"}
+    assert all(t["closedAt"] >= t["openedAt"] for t in book)
     still_missing, events = missing_offsets(lk.dst.bootstrap, timeout=3)
     assert still_missing == set()  # every reported range was filled
-    assert sum(e["lastOffset"] - e["firstOffset"] + 1 for e in events
-               if e["type"] == "filled") == len(reported)
+    wait_for(lambda: lk.receiver.metric("tickets_closed", "kafka_writer", reason="filled")
+             == len(opened), 10, "the closed tickets counted")
+    assert lk.receiver.metric("tickets_open", "kafka_writer") == 0

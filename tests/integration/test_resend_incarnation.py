@@ -11,14 +11,21 @@ import time
 
 import yaml
 
+from diode import ticket_command
+from diode.runtime import topology as topo
 from tests.conftest import ROOT, create_topic, produce, recreate, topic_id, write_topology
 
 PARTITIONS = 2
 
 
+def signed(topology, manifest: dict) -> dict:
+    """The manifest as `diode tickets --manifest` writes it: signed with the link's key."""
+    return ticket_command.signed(topo.load(str(topology)), manifest)
+
+
 def resend(tmp_path, topology, manifest: dict) -> subprocess.CompletedProcess:
     path = tmp_path / "manifest.json"
-    path.write_text(json.dumps(manifest))
+    path.write_text(json.dumps(signed(topology, manifest)))
     return subprocess.run([sys.executable, "-m", "diode", "resend", str(path), "--topology",
                            str(topology), "--run-dir", str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
@@ -88,9 +95,9 @@ def test_a_manifest_of_another_incarnation_is_refused_and_nothing_sent(tmp_path,
 
 def test_a_manifest_naming_no_topic_id_form_is_not_a_manifest(tmp_path):
     path = tmp_path / "manifest.json"
-    path.write_text(json.dumps({"version": 1, "missing": [
-        {"topic": "src", "partition": 0, "topicId": "not an id", "ranges": [[0, 2]]}]}))
     topology = write_topology(tmp_path, "127.0.0.1:9", "127.0.0.1:9")
+    path.write_text(json.dumps(signed(topology, {"version": 1, "missing": [
+        {"topic": "src", "partition": 0, "topicId": "not an id", "ranges": [[0, 2]]}]})))
     r = subprocess.run([sys.executable, "-m", "diode", "resend", str(path), "--topology",
                         str(topology)], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 1

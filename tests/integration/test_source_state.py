@@ -4,6 +4,7 @@ every sender.source.state.interval.ms; the receiver exports, per topic, how far 
 source it is and how much the source still holds, and `diode status` shows both. On Apache
 Kafka and on Tansu."""
 
+import json
 import subprocess
 import sys
 
@@ -46,19 +47,29 @@ def test_the_receiver_knows_how_far_behind_its_source_it_is(tmp_path, start_brok
     assert diode.stop() == 0
 
 
+def tickets(topology, *which) -> list:
+    """`diode tickets --json` on the low side."""
+    r = subprocess.run([sys.executable, "-m", "diode", "tickets", str(topology), "--json",
+                        *which], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
 def test_missing_ranges_at_risk_then_expired_as_the_source_deletes_them(
         tmp_path, start_brokers, broker_kind, launch):
-    """Records sent while no receiver read are reported missing and, the source holding them,
-    at risk; once the source deletes them (DeleteRecords, as retention would) they are reported
-    once more as expired, part by part as the log start passes them. Tansu deletes nothing:
-    there they stay at risk."""
+    """Records sent while no receiver read are reported missing, each range a ticket, and at
+    risk: their timestamps are an hour old and the topic keeps records a day, so retention
+    deletes them within receiver.resend.horizon.ms (24 h; the margin in offsets is 0 here). Once
+    the source deletes them (DeleteRecords, as retention would) they are reported once more as
+    expired, part by part as the log start passes them, and the ticket closes as expired. Tansu
+    deletes nothing: there they stay at risk."""
     src, dst = start_brokers(broker_kind, "source", "destination")
-    create_topic(src.bootstrap, "src", 2)
+    create_topic(src.bootstrap, "src", 2, {"retention.ms": "86400000"})
     topo = write_topology(tmp_path, src.bootstrap, dst.bootstrap,
                           sender={"source.state.interval.ms": 300,
                                   "heartbeat.interval.ms": 300},
                           receiver={"missing.records.topic": "missing",
-                                    "reorder.wait.ms": 300})
+                                    "reorder.wait.ms": 300, "resend.margin.records": 0})
     sender = launch(topo, side="sender")
     receiver = launch(topo, side="receiver")
 
@@ -83,6 +94,8 @@ def test_missing_ranges_at_risk_then_expired_as_the_source_deletes_them(
     wait_for(reported, 90, "the records sent while no receiver read reported missing")
     wait_for(lambda: receiver.metric("missing_at_risk_records", "kafka_writer",
                                      topic="src") == 100, 30, "100 records at risk")
+    assert {(t["partition"], t["first"], t["last"]) for t in tickets(topo, "--open")} == \
+        {(0, 50, 99), (1, 50, 99)}
     if broker_kind == "tansu":  # (no DeleteRecords)
         assert receiver.metric("missing_expired_records", "kafka_writer") == 0
         return
@@ -94,10 +107,21 @@ def test_missing_ranges_at_risk_then_expired_as_the_source_deletes_them(
                                          topic="src") == 50 + max(0, 100 - step), 30,
                  f"the records below {step} no longer at risk")
     assert receiver.metric("missing_expired_records", "kafka_writer") == 50
-    wait_for(lambda: reported() and sum(e["reason"] == "expired" for e in events) == 2, 30,
-             "the expired ranges reported")
-    assert sorted((e["sourcePartition"], e["firstOffset"], e["lastOffset"]) for e in events
-                  if e["reason"] == "expired") == [(0, 50, 79), (0, 80, 99)]
-    assert "0 records behind" in subprocess.run(
-        [sys.executable, "-m", "diode", "status", str(topo)], capture_output=True, text=True,
-        cwd=ROOT).stdout
+
+    def expired():
+        return [e for e in events if e["type"] == "missing" and e["reason"] == "expired"]
+    wait_for(lambda: reported() and len(expired()) == 2, 30, "the expired ranges reported")
+    assert sorted((e["sourcePartition"], e["firstOffset"], e["lastOffset"])
+                  for e in expired()) == [(0, 50, 79), (0, 80, 99)]
+    # the ticket of 0's range closes as expired once nothing of it is left to resend
+    ticket = next(e["ticket"] for e in events if e["type"] == "missing" and
+                  e["sourcePartition"] == 0 and e["reason"] == "receiver-down")
+    assert {e.get("ticket") for e in expired()} == {ticket}
+    closed = wait_for(lambda: tickets(topo, "--closed"), 30, "the expired ticket closed")
+    assert [(t["ticket"], t["state"]) for t in closed] == [(ticket, "expired")]
+    assert [(t["partition"], t["state"]) for t in tickets(topo, "--open")] == [(1, "open")]
+    assert receiver.metric("tickets_closed", "kafka_writer", reason="expired") == 1
+    status = subprocess.run([sys.executable, "-m", "diode", "status", str(topo)],
+                            capture_output=True, text=True, cwd=ROOT).stdout
+    assert "0 records behind" in status
+    assert "resend tickets: 1 open" in status and "0 filled, 1 expired" in status, status

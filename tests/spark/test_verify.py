@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+from diode import ticket_command
+from diode.runtime import topology as topo
 from diode.spark.kafka_source import choose_format
 from diode.spark.verify import (
     audit,
@@ -14,7 +16,7 @@ from diode.spark.verify import (
     provenance,
     report,
 )
-from tests.conftest import RECENT_MS, consume, create_topic, produce
+from tests.conftest import RECENT_MS, consume, create_topic, produce, write_topology
 
 
 def origin(topic, partition, offset):
@@ -134,9 +136,11 @@ def test_verify_command_prints_the_table_and_exits_1_when_records_are_missing(br
     create_topic(src.bootstrap, "b", 1)  # the source of dst_b, for the comparison
     produce(src.bootstrap, "b", [{"value": b"b"} for _ in range(105)])
     out = tmp_path / "report.json"
+    topology = write_topology(tmp_path, src.bootstrap, dst.bootstrap)  # (its key signs)
     r = subprocess.run([sys.executable, "-m", "diode", "verify", "--bootstrap", dst.bootstrap,
                         "--prefix", "dst_", "--heartbeat-topic", "beats", "--json", str(out),
                         "--manifest", str(tmp_path / "manifest.json"), "--master", "local[2]",
+                        "--topology", str(topology),
                         "--source-bootstrap", src.bootstrap,
                         "--format", "native" if broker_kind == "kafka" else "python"],
                        capture_output=True, text=True, timeout=300)
@@ -145,8 +149,9 @@ def test_verify_command_prints_the_table_and_exits_1_when_records_are_missing(br
     # b[0] holds offsets 0..104 at the source; the destination has only 100..104
     assert "against the source: 100 lost, 0 duplicated, 0 altered" in r.stdout
     assert json.loads(out.read_text())["totals"]["missing"] == 9
-    assert json.loads((tmp_path / "manifest.json").read_text())["missing"][0]["ranges"] == [
-        [3, 4], [15, 15], [20, 22]]
+    written = json.loads((tmp_path / "manifest.json").read_text())
+    assert written["missing"][0]["ranges"] == [[3, 4], [15, 15], [20, 22]]
+    assert ticket_command.manifest_problem(topo.load(str(topology)), written) is None
 
 
 def test_compare_with_the_source_names_lost_duplicated_and_altered_records(spark, brokers):

@@ -20,19 +20,20 @@ def order(backlog) -> list:
 
 
 def test_each_partitions_consecutive_runs_become_one_in_order():
-    backlog = deque([[run(0, 0, 3), 0, None], [run(1, 0, 2), 0, None],
-                     [run(0, 3, 2), 0, None], [run(1, 2, 2), 0, None],
-                     [run(0, 5, 1), 0, None]])
+    backlog = deque([[run(0, 0, 3), 0, None, ()], [run(1, 0, 2), 0, None, ()],
+                     [run(0, 3, 2), 0, None, ()], [run(1, 2, 2), 0, None, ()],
+                     [run(0, 5, 1), 0, None, ()]])
     assert order(kafka_writer.joined(backlog)) == [(0, [0, 1, 2, 3, 4, 5]), (1, [0, 1, 2, 3])]
 
 
 def test_what_must_stay_apart_does():
     gap = run(0, 10, 2, prev=9)            # follows 8, 9: lost, reported missing
-    started = [run(1, 0, 3), 1, None]      # partly produced already
+    started = [run(1, 0, 3), 1, None, ()]  # partly produced already
     resent = run(0, 20, 1, prev=RESEND)
     with_headers = run(0, 12, 1, headers=(("h", b"x"),))
-    backlog = deque([[run(0, 5, 3), 0, None], [gap, 0, None], started,
-                     [run(1, 3, 2), 0, None], [resent, 0, None], [with_headers, 0, None]])
+    backlog = deque([[run(0, 5, 3), 0, None, ()], [gap, 0, None, ()], started,
+                     [run(1, 3, 2), 0, None, ()], [resent, 0, None, ()],
+                     [with_headers, 0, None, ()]])
     got = kafka_writer.joined(backlog)
     assert order(got) == [(0, [5, 6, 7]), (0, [10, 11]), (1, [0, 1, 2]), (1, [3, 4]),
                           (0, [20]), (0, [12])]
@@ -41,5 +42,5 @@ def test_what_must_stay_apart_does():
 
 def test_a_join_stops_at_its_size():
     n = kafka_writer.MAX_JOINED_RECORDS // 2 + 1
-    backlog = deque([[run(0, 0, n), 0, None], [run(0, n, n), 0, None]])
+    backlog = deque([[run(0, 0, n), 0, None, ()], [run(0, n, n), 0, None, ()]])
     assert [len(e[0]) for e in kafka_writer.joined(backlog)] == [n, n]

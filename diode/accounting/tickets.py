@@ -1,0 +1,158 @@
+"""Resend tickets: every missing range the receiver reports is a ticket, from the report until
+the range is filled (late records, an operator's `diode resend`) or can never be (the source
+deleted it: expired).
+
+A ticket's id is stable: a hash of the source identity (the topic id of the source partition's
+incarnation), the topic, the partition and the range's first and last offsets, so that every
+report of the same range, before and after a restart, names the same ticket, and a manifest
+whose range was widened no longer matches its id.
+
+The receiver's writers say everything about tickets on the missing-records topic (the event
+`missing` opens one, `closed` closes it), so `diode tickets` on the low side folds that topic
+(Book) and needs nothing else. Manifests of open tickets are authenticated (sign, check): an
+HMAC-SHA256 under a key derived by HKDF from the link's master key with a label of its own. The
+link's key is already on both hosts, so nothing new is distributed; an Ed25519 pair would let
+the high side check without being able to sign, but the high side holds the link's key anyway
+(it seals every datagram), so it would prove nothing more. Pure, apart from the clock's value
+passed in.
+"""
+
+import hashlib
+import hmac
+import json
+import struct
+from typing import NamedTuple
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+HEADER = "diodeTicket"   # the header of a resent record: the ticket it fills
+MANIFEST_LABEL = b"diode resend manifest v1"
+STATES = ("open", "filled", "expired", "untracked")
+
+
+def ticket_id(topic_id: str | None, topic: str, partition: int, first: int, last: int) -> str:
+    """The ticket of a missing range: 20 hex characters, the same wherever it is computed."""
+    h = hashlib.blake2b(digest_size=10, person=b"diode-ticket")
+    h.update(json.dumps([topic_id or "", topic, partition, first, last]).encode())
+    return h.hexdigest()
+
+
+class Ticket(NamedTuple):
+    id: str
+    topic: str
+    partition: int
+    topic_id: str | None
+    first: int
+    last: int
+    reason: str
+    opened_ms: int
+    state: str = "open"        # STATES
+    closed_ms: int | None = None
+    at_risk: bool = False      # reported expired in part: the rest may go next
+
+    @property
+    def records(self) -> int:
+        return self.last - self.first + 1
+
+    def age_seconds(self, now_ms: int) -> float:
+        return max(0, (self.closed_ms if self.closed_ms is not None else now_ms)
+                   - self.opened_ms) / 1000
+
+    def as_json(self, now_ms: int) -> dict:
+        return {"ticket": self.id, "topic": self.topic, "partition": self.partition,
+                "topicId": self.topic_id, "first": self.first, "last": self.last,
+                "records": self.records, "reason": self.reason, "state": self.state,
+                "openedAt": self.opened_ms, "closedAt": self.closed_ms,
+                "ageSeconds": round(self.age_seconds(now_ms), 3)}
+
+
+class Book:
+    """Tickets as the missing-records topic's events tell them, in the order they were written
+    (each source partition's events are in one partition of that topic, in order)."""
+
+    def __init__(self):
+        self.tickets: dict = {}  # id -> Ticket
+
+    def add(self, event: dict) -> None:
+        kind, tid = event.get("type"), event.get("ticket")
+        if not tid or kind not in ("missing", "closed"):
+            return
+        known = self.tickets.get(tid)
+        if kind == "missing":
+            if event.get("reason") == "expired":
+                if known is not None and known.state == "open":
+                    self.tickets[tid] = known._replace(at_risk=True)
+            elif known is None:
+                self.tickets[tid] = Ticket(
+                    tid, str(event["sourceTopic"]), int(event["sourcePartition"]),
+                    event.get("sourceTopicId"), int(event["firstOffset"]),
+                    int(event["lastOffset"]), str(event.get("reason", "")),
+                    int(event.get("detectedAt") or 0))
+        elif known is not None and event.get("state") in STATES[1:]:
+            self.tickets[tid] = known._replace(state=event["state"],
+                                               closed_ms=int(event.get("closedAt") or 0))
+
+    def select(self, which: str = "all") -> list:
+        """Tickets by state ("open", "closed" or "all"), oldest first."""
+        out = [t for t in self.tickets.values()
+               if which == "all" or (t.state == "open") == (which == "open")]
+        return sorted(out, key=lambda t: (t.opened_ms, t.topic, t.partition, t.first))
+
+
+# -- manifests --------------------------------------------------------------------------------
+
+def manifest_key(master: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+                info=MANIFEST_LABEL).derive(master)
+
+
+def _body(manifest: dict) -> bytes:
+    """What the MAC covers: the manifest without its `auth`, canonically."""
+    rest = {k: v for k, v in manifest.items() if k != "auth"}
+    return json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()
+
+
+def sign(manifest: dict, master: bytes, key_id: int) -> dict:
+    """The manifest with its `auth`: HMAC-SHA256 under the manifest key of the link's master
+    key `key_id`."""
+    mac = hmac.new(manifest_key(master), struct.pack("!I", key_id) + _body(manifest),
+                   hashlib.sha256).hexdigest()
+    return {**manifest, "auth": {"alg": "HMAC-SHA256", "keyId": key_id, "mac": mac}}
+
+
+def check(manifest: dict, keys: dict) -> str | None:
+    """Why the manifest is not authentic under one of `keys` (key id -> master key), or None
+    when it is. Every range of an entry that names tickets must also match its ticket id."""
+    auth = manifest.get("auth")
+    if not isinstance(auth, dict) or auth.get("alg") != "HMAC-SHA256":
+        return "it is not signed (no HMAC-SHA256 auth): write it with `diode tickets " \
+               "--manifest` or `diode verify --manifest --topology`"
+    key_id, mac = auth.get("keyId"), auth.get("mac")
+    master = keys.get(key_id) if isinstance(key_id, int) else None
+    if master is None:
+        return f"it is signed with link key id {key_id!r}, which this topology does not hold"
+    want = hmac.new(manifest_key(master), struct.pack("!I", key_id) + _body(manifest),
+                    hashlib.sha256).hexdigest()
+    if not isinstance(mac, str) or not hmac.compare_digest(want, mac):
+        return "its MAC does not match: it was altered, or signed with another link's key"
+    for entry in manifest.get("missing", []):
+        for (first, last), tid in zip(entry.get("ranges", []), entry.get("tickets", []) or []):
+            if tid != ticket_id(entry.get("topicId"), entry["topic"], entry["partition"],
+                                first, last):
+                return f"ticket {tid} does not name {entry['topic']}[{entry['partition']}] " \
+                       f"{first}..{last}"
+    return None
+
+
+def manifest_of(tickets: list, now_ms: int, topology: str) -> dict:
+    """The resend manifest of these tickets, per incarnation of a source partition (unsigned)."""
+    entries: dict = {}
+    for t in sorted(tickets, key=lambda t: (t.topic, t.partition, t.topic_id or "", t.first)):
+        e = entries.setdefault((t.topic, t.partition, t.topic_id), {
+            "topic": t.topic, "partition": t.partition,
+            **({"topicId": t.topic_id} if t.topic_id else {}), "ranges": [], "tickets": []})
+        e["ranges"].append([t.first, t.last])
+        e["tickets"].append(t.id)
+    return {"version": 2, "created": now_ms, "topology": topology,
+            "missing": list(entries.values())}
