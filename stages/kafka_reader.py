@@ -33,6 +33,7 @@ from confluent_kafka import (OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError,
                              Message, TopicPartition)
 from confluent_kafka.admin import AdminClient
 
+from diode.accounting.digests import Digester, message_hashes
 from diode.link import runs
 from diode.runtime import transport
 from diode.kafka import identity, lineage
@@ -43,6 +44,7 @@ from diode.link.records import RESEND, partition_owner
 from diode.runtime.worker import Stage as BaseStage
 
 BATCH_RECORDS = 1000
+MAX_DIGESTS_WAITING = 10000  # digests closed while the packers took nothing (then the oldest go)
 REFRESH_TAKE_SECONDS = 0.1  # how often the loop takes what the partition watcher found
 RESEND_SEEK_GAP = 10000  # offsets between two resend ranges worth a seek rather than a read
 
@@ -90,6 +92,10 @@ class Stage(BaseStage):
             s.source_state_interval_ms / 1000).start()
         if self.resend is not None:
             self._resend_identities()
+        # the digests of the ranges read (diode.accounting.digests); none for a resend
+        self.digester = Digester(s.digest_records, s.digest_interval_ms / 1000) \
+            if s.digest_records and self.resend is None else None
+        self.digests: deque = deque(maxlen=MAX_DIGESTS_WAITING)  # closed, not yet handed on
         self.next_commit = time.monotonic() + s.offset_commit_interval_ms / 1000
         self.waiting_since = None         # when acknowledgements were last outstanding and new
         self.stop_deadline = None
@@ -182,6 +188,8 @@ class Stage(BaseStage):
                 self.log.warning("could not stop reading %s: %s", topic, exc)
         positions = self.tracker.positions()
         for tp in tps:
+            if self.digester is not None:
+                self.digester.forget(tp)
             sent = self._sent(tp, positions)
             self.lineage.depart(tp, self.chain_start.pop(tp, None), self.last_read.pop(tp, None),
                                 sent, self.assigned.pop(tp), self.tracker.forget(tp))
@@ -328,6 +336,8 @@ class Stage(BaseStage):
         self.lineage.lost_inflight()
         self.chain_start.clear()
         self.last_read.clear()
+        if self.digester is not None:
+            self.digester.forget()
         self.epoch += 1 << 32  # acknowledgements of earlier messages are ignored from now
         self.out.clear()
         tps = [TopicPartition(t, p, positions.get((t, p), start))
@@ -394,6 +404,10 @@ class Stage(BaseStage):
                 self.chain_start.setdefault(tp, first)
             parts.append((tp, last, len(group)))
             counts.append(len(group))
+            if self.digester is not None:
+                self.digests.extend(self.digester.add(
+                    tp, self.lineage.incarnation(topic), list(map(Message.offset, group)),
+                    message_hashes(group), time.monotonic()))
         self.seq += 1
         msg_id = self.epoch | self.seq
         self.tracker.dispatched(msg_id, parts)
@@ -448,6 +462,18 @@ class Stage(BaseStage):
                  "topics": [[t, *found.settings[t]] for t in sorted(found.settings)]}
         self.out.put([transport.dumps(("source", state))])
 
+    def _send_digests(self, now: float) -> None:
+        """The digests closed, and those of ranges open long enough, to the packers
+        (wire.KIND_DIGEST)."""
+        self.digests.extend(self.digester.due(now))
+        if not self.digests or self.out.full:
+            return  # (kept for the next heartbeat: the deque holds MAX_DIGESTS_WAITING)
+        batch = {"reader": self.ctx.spec.index, "time_ms": int(time.time() * 1000),
+                 "cluster": self.lineage.cluster, "partitions": [tuple(d) for d in self.digests]}
+        self.digests.clear()
+        self.out.put([transport.dumps(("digests", batch))])
+        self.metrics.inc("digests", len(batch["partitions"]))
+
     def _heartbeat(self):
         """Per partition of the current chains: its incarnation, where the chain started, the
         last offset handed to the kernel (the committed prefix) and the last the source held
@@ -469,6 +495,8 @@ class Stage(BaseStage):
         if not self.out.full:
             self.out.put([transport.dumps(("heartbeat", beat))])
             self.metrics.inc("heartbeats")
+        if self.digester is not None:
+            self._send_digests(time.monotonic())
         self._memorize()
 
     def _take_acks(self):
@@ -538,6 +566,8 @@ class Stage(BaseStage):
         """Read nothing more; wait for what is in flight to be sent, commit, finish."""
         if self.stop_deadline is None:
             self.stop_deadline = now + self.t.supervisor.drain_timeout_seconds * 0.75
+            if self.digester is not None:  # (what was read is sent before the packers stop)
+                self._send_digests(float("inf"))
         self.out.flush()
         if self.tracker.inflight and now < self.stop_deadline:
             self.acks.poll(20)

@@ -253,7 +253,10 @@ class Stage(BaseStage):
             for beat in beats:
                 self._beat(beat)
             for state in sources:
-                self._source(state)
+                if state.get("kind") == "digests":
+                    self._digests(state)
+                else:
+                    self._source(state)
             if mark is not None and self.trusted[index]:
                 m = self.marks[index]
                 self.marks[index] = mark if m is None else (max(m[0], mark[0]),
@@ -641,6 +644,20 @@ class Stage(BaseStage):
         for topic, retention_ms, retention_bytes, policy in state["topics"]:
             if topic in self.topic_settings or len(self.topic_settings) < MAX_PARTITIONS:
                 self.topic_settings[topic] = (retention_ms, retention_bytes, policy)
+
+    def _digests(self, batch: dict) -> None:
+        """The sender's digests of ranges it read (diode.accounting.digests): to
+        receiver.digest.topic, for diode verify."""
+        topic = self.r.digest_topic
+        if not topic:
+            return
+        for t, p, inc, first, last, count, digest in batch["partitions"]:
+            self.event_queue.append((topic, f"{t}-{p}".encode(), json.dumps({
+                "sourceTopic": t, "sourcePartition": p, "sourceTopicId": identity.text(inc),
+                "firstOffset": first, "lastOffset": last, "count": count,
+                "digest": digest.hex(), "sentAt": batch["time_ms"],
+                "sourceCluster": batch["cluster"]}).encode(), None))
+        self.metrics.inc("digests", len(batch["partitions"]))
 
     def _export_source_state(self) -> None:
         """Per source topic: the records its source holds (end - log start) and those not yet

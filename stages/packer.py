@@ -70,6 +70,9 @@ class Stage(BaseStage):
             if message[0] == "source":
                 self._source(message[1])
                 continue
+            if message[0] == "digests":
+                self._digests(message[1])
+                continue
             _, reader, msg_id, counts = message
             for run, count in zip(frames[1:], counts):
                 self._emit(*self.builder.add(run.buffer, (reader, msg_id), count))
@@ -168,6 +171,15 @@ class Stage(BaseStage):
             datagrams.append(self.sealer.seal(wire.encode_source(
                 {**state, "partitions": chunk, "topics": [topics[t] for t in named
                                                           if t in topics]}), wire.KIND_SOURCE))
+        self._put(datagrams, [[] for _ in datagrams])
+        self.metrics.inc("heartbeat_datagrams", len(datagrams))
+
+    def _digests(self, batch: dict):
+        """Seal a reader's digests of ranges read (wire.KIND_DIGEST), as many datagrams as
+        they need."""
+        datagrams = [self.sealer.seal(wire.encode_digests({**batch, "partitions": chunk}),
+                                      wire.KIND_DIGEST)
+                     for chunk in self._chunks(batch["partitions"], batch["cluster"])]
         self._put(datagrams, [[] for _ in datagrams])
         self.metrics.inc("heartbeat_datagrams", len(datagrams))
 

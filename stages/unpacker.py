@@ -75,7 +75,8 @@ class Stage(BaseStage):
             return False
         if not got:
             return True
-        # per writer: run frames, their origins, heartbeat claims, beats, source states
+        # per writer: run frames, their origins, heartbeat claims, beats, source states and
+        # digests
         msgs = [([], [], [], [], []) for _ in self.outs]
         mark, notices = None, []
         for frames in transport.drain(self.input, 8):
@@ -133,6 +134,9 @@ class Stage(BaseStage):
                 return
             if h.kind == wire.KIND_SOURCE:
                 self._source(wire.decode_source(payload), msgs)
+                return
+            if h.kind == wire.KIND_DIGEST:
+                self._digests(wire.decode_digests(payload), msgs)
                 return
             if h.kind == wire.KIND_PARITY:
                 self._parity(h, payload, msgs, origin)
@@ -211,6 +215,16 @@ class Stage(BaseStage):
                 named = {e[0] for e in entries}
                 m[4].append({**state, "partitions": entries,
                              "topics": [t for t in state["topics"] if t[0] in named]})
+
+    def _digests(self, batch: dict, msgs) -> None:
+        """A reader's digests: each to the writer owning its partition, with the sources'
+        states (marked as digests)."""
+        per = [[] for _ in msgs]
+        for entry in batch["partitions"]:
+            per[partition_owner(entry[0], entry[1], len(msgs))].append(entry)
+        for m, entries in zip(msgs, per):
+            if entries:
+                m[4].append({**batch, "kind": "digests", "partitions": entries})
 
     def _heartbeat(self, h, beat, msgs, origin) -> None:
         """Claims go to the writers owning their partitions; the beat itself to writer 0."""

@@ -24,7 +24,8 @@ KIND_HEARTBEAT = 2
 KIND_FRAGMENT = 3
 KIND_PARITY = 4
 KIND_SOURCE = 5  # the source's state: each partition's log start and end, each topic's retention
-KINDS = (KIND_DATA, KIND_HEARTBEAT, KIND_FRAGMENT, KIND_PARITY, KIND_SOURCE)
+KIND_DIGEST = 6  # digests of the ranges sent (diode.accounting.digests)
+KINDS = (KIND_DATA, KIND_HEARTBEAT, KIND_FRAGMENT, KIND_PARITY, KIND_SOURCE, KIND_DIGEST)
 FLAG_FEC = 1  # a data or fragment datagram covered by parity datagrams of its block
 
 HEADER = struct.Struct("!2sBBBBBBQQI")
@@ -214,6 +215,40 @@ def decode_source(payload: bytes) -> dict:
     state["topics"] = [(c["topic"], c["retention_ms"], c["retention_bytes"],
                         c["cleanup_policy"]) for c in state["topics"]]
     return state
+
+
+# -- digests ---------------------------------------------------------------------------------
+
+DIGEST_SCHEMA = fastavro.parse_schema({
+    "type": "record", "name": "Digests", "namespace": "diode",
+    "fields": [
+        *_fields(reader="int", time_ms="long", cluster="string"),
+        _partitions("RangeDigest", *_fields(first="long", last="long", count="long",
+                                            digest={"type": "fixed", "name": "Digest",
+                                                    "size": 16})),
+    ],
+})
+
+
+def encode_digests(batch: dict) -> bytes:
+    """Digests of ranges sent as Avro (fastavro, schemaless): see decode_digests."""
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, DIGEST_SCHEMA, {
+        "reader": batch["reader"], "time_ms": batch["time_ms"], "cluster": batch["cluster"],
+        "partitions": [{"topic": t, "partition": p, "incarnation": inc, "first": first,
+                        "last": last, "count": count, "digest": digest}
+                       for t, p, inc, first, last, count, digest in batch["partitions"]]})
+    return out.getvalue()
+
+
+def decode_digests(payload: bytes) -> dict:
+    """{"reader", "time_ms", "cluster", "partitions": [(topic, partition, incarnation, first,
+    last, count, digest), ...]}: each the digest (16 bytes) of `count` records the sender read
+    from first to last. Raises RejectedDatagram."""
+    batch = _read(payload, DIGEST_SCHEMA, "digests")
+    batch["partitions"] = [(c["topic"], c["partition"], c["incarnation"], c["first"],
+                            c["last"], c["count"], c["digest"]) for c in batch["partitions"]]
+    return batch
 
 
 def _read(payload: bytes, schema, what: str) -> dict:

@@ -85,7 +85,10 @@ CATALOG = {
     "dead_letter_records": Metric("counter", ("packer",), "Records too large for the link, to "
                                   "sender.dead.letter.topic"),
     "fragmented_records": Metric("counter", ("packer",), "Records sent as fragments"),
-    "heartbeat_datagrams": Metric("counter", ("packer",), "Heartbeat datagrams"),
+    "heartbeat_datagrams": Metric("counter", ("packer",), "Heartbeat datagrams (and those of "
+                                  "the source's state and of digests)"),
+    "digests": Metric("counter", ("kafka_reader", "kafka_writer"), "Digests of ranges read "
+                      "(sent; written to receiver.digest.topic)"),
     "parity_datagrams": Metric("counter", ("packer", "unpacker"), "FEC parity datagrams"),
     "kernel_pacing": Metric("gauge", ("udp_sender",), "1 when the kernel (fq) paces the socket"),
     "receive_buffer_bytes": Metric("gauge", ("udp_reader",), "The socket's receive buffer"),

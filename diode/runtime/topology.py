@@ -246,6 +246,14 @@ class SenderSettings:
         "each partition's log start and end, each topic's retention.ms, retention.bytes and "
         "cleanup.policy. The receiver exports from it how far behind the source it is and how "
         "much the source still holds (docs/operations.md, \"The source's state\").", positive)
+    digest_records: int = setting(
+        10000, "Readers send the digest of each source partition's records (BLAKE2b over each "
+        "record's key, value, headers and timestamp, in order) every this many records, so "
+        "that diode verify proves the destination's content without the source "
+        "(docs/verification.md, \"Digests\"); 0: no digests.", non_negative)
+    digest_interval_ms: float = setting(
+        10000.0, "... and at least this often for a partition that has records not yet in a "
+        "digest.", positive)
     identity_check_interval_ms: float = setting(
         1000.0, "How often readers check each source topic's incarnation (its topic id) and "
         "each partition's end. A topic recreated (or a cluster rebuilt) is seen within this "
@@ -299,6 +307,10 @@ class ReceiverSettings:
         "receiver, datagrams of one partition crossing different unpackers) doubles that "
         "partition's wait, at most once per wait, up to this. Equal to reorder.wait.ms: never.",
         non_negative)
+    digest_topic: str = setting(
+        "", "Destination topic for the sender's digests (JSON: sourceTopic, sourcePartition, "
+        "sourceTopicId, firstOffset, lastOffset, count, digest), which diode verify "
+        "--digest-topic checks the destination against; empty: not written.")
     missing_records_topic: str = setting(
         "", "Destination topic for missing ranges (JSON: sourceTopic, sourcePartition, "
         "firstOffset, lastOffset, reason, detectedAt) and later fills; empty: log only.")

@@ -137,10 +137,11 @@ def counts(rec: DataFrame) -> dict:
 
 def run(*, source: str, topics: list, destination: str, dest_pattern: str, missing_topic: str,
         lossy_windows_ms: list, started_ms: int, written_at: str = "writtenAt",
-        fmt: str = "auto", master: str | None = None) -> dict:
+        fmt: str = "auto", master: str | None = None, digest_topic: str = "") -> dict:
     """The verdict's counts, the unexplained losses (at most 20, with their time), latency
-    per BUCKET_SECONDS bucket and overall. `lossy_windows_ms`: (first, last) epoch ms within
-    which a record may be lost."""
+    per BUCKET_SECONDS bucket and overall, and the sender's digests checked as `diode verify
+    --digest-topic` does (verified, altered, incomplete; none altered in a sound run).
+    `lossy_windows_ms`: (first, last) epoch ms within which a record may be lost."""
     import re
     spark = verify.session(master, app="diode soak audit", source=fmt)
     try:
@@ -149,6 +150,16 @@ def run(*, source: str, topics: list, destination: str, dest_pattern: str, missi
         d = _destination_rows(verify.extract(spark, destination, dest_pattern, fmt),
                               written_at).persist(StorageLevel.MEMORY_AND_DISK)
         copies = copies_of(d)
+        if digest_topic and _exists(destination, digest_topic):
+            from diode.spark import digests
+            judged = [r.asDict(recursive=True) for r in digests.check(
+                verify.extract(spark, destination, dest_pattern, fmt),
+                digests.extract_digests(spark, destination, digest_topic, fmt),
+                written_at).collect()]
+            found = digests.summary(judged, None)
+            out_digests = {k: found[k] for k in ("verified", "altered", "incomplete")}
+        else:
+            out_digests = None
         if missing_topic and _exists(destination, missing_topic):
             flags = _flags(_reports(spark, destination, missing_topic, fmt))
         else:
@@ -157,6 +168,7 @@ def run(*, source: str, topics: list, destination: str, dest_pattern: str, missi
                                           "reports long, reason string")
         rec = classify(s, copies, flags).persist(StorageLevel.MEMORY_AND_DISK)
         out = counts(rec)
+        out["digests"] = out_digests
         # reports of records the source never held are false too
         phantom = flags.where("reported = 1").join(s.select(*KEY), KEY, "left_anti").count()
         out["false_missing"] += phantom

@@ -290,6 +290,11 @@ def write_markdown(out_dir, report: dict, images: dict) -> str:
              "restarts.", "", "| count | value | must be |", "| --- | ---: | --- |"]
     lines += [f"| {name} | {_shown(r.get(name))} | {'0' if name in INVARIANTS else ''} |"
               for name in COUNTS]
+    d = r.get("digests")
+    if d:
+        lines += [f"| digested ranges verified | {d['verified']} | |",
+                  f"| digested ranges altered | {d['altered']} | 0 |",
+                  f"| digested ranges incomplete | {d['incomplete']} | |"]
     if r.get("failures"):
         lines += ["", "Failed because:", ""] + [f"- {f}" for f in r["failures"]]
 

@@ -45,6 +45,7 @@ log = logging.getLogger("diode.soak")
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_SECONDS = 1.0
 MISSING_TOPIC = "diode-soak-missing"
+DIGEST_TOPIC = "diode-soak-digests"
 MEMORY_JUDGED_AFTER = 600.0  # seconds of samples before a memory slope means anything
 # Link-sim settings of each link fault, from the fault's parameters.
 LINK_SETTINGS = {
@@ -380,6 +381,7 @@ class Soak:
         raw["sender"]["start.position"] = "earliest"
         r = raw["receiver"]
         r["missing.records.topic"] = t.receiver.missing_records_topic or MISSING_TOPIC
+        r["digest.topic"] = t.receiver.digest_topic or DIGEST_TOPIC
         r["journal.dir"] = str(self.out / "journal")
         raw["supervisor"].pop("run.dir", None)
         sec = raw.setdefault("security", {})
@@ -628,6 +630,7 @@ class Soak:
                 destination=self._bootstrap("destination", plan),
                 dest_pattern="|".join(re.escape(prefix + t) for t in plan.topics),
                 missing_topic=plan.topology.receiver.missing_records_topic or MISSING_TOPIC,
+                digest_topic=plan.topology.receiver.digest_topic or DIGEST_TOPIC,
                 lossy_windows_ms=windows, started_ms=int(self.started_at * 1000),
                 written_at=plan.topology.receiver.written_at_header,
                 fmt=self.args.format)
@@ -672,6 +675,8 @@ class Soak:
             for name in counts[3:]:
                 if verdict[name]:
                     failures.append(f"{name}: {verdict[name]} (must be 0)")
+            if (verdict.get("digests") or {}).get("altered"):
+                failures.append(f"digests altered: {verdict['digests']['altered']} (must be 0)")
         if self.interrupts:
             failures.append("interrupted (Ctrl-C) before the end of the schedule")
         v = verdict or {}
@@ -686,7 +691,7 @@ class Soak:
             "brokers": {r: b.kind for r, b in self.brokers.items()},
             **{k: v.get(k) for k in counts},
             **{k: v.get(k) for k in ("late_filled", "reported_twice", "phantom_reports",
-                                     "unknown_written", "missing_reasons",
+                                     "unknown_written", "missing_reasons", "digests",
                                      "unexplained_examples", "latency_overall")},
             "faults": self.fault_log,
             "worker_restarts": self.restarts,

@@ -69,11 +69,16 @@ def audit_once(args) -> int:
                 source, rows, args.written_at_header, current).collect()]
             rep["totals"].update({k: sum(r[k] for r in rep["comparison"])
                                   for k in ("lost", "duplicated", "altered")})
+        if args.digest_topic:
+            rep["digests"] = check_digests(spark, rows, args)
         p.unpersist()
     finally:
         spark.stop()
     say(f"done in {time.monotonic() - started:.1f} s")
     print(table(rep))
+    if "digests" in rep:
+        from diode.spark.digests import lines
+        print("\n".join(lines(rep["digests"])))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rep, f, indent=1)
@@ -93,7 +98,25 @@ def audit_once(args) -> int:
         print(f"against the source: {t['lost']} lost, {t['duplicated']} duplicated, "
               f"{t['altered']} altered")
     t = rep["totals"]
-    return 1 if t["missing"] or t.get("lost") or t.get("altered") else 0
+    d = rep.get("digests") or {}
+    return 1 if t["missing"] or t.get("lost") or t.get("altered") or d.get("altered") or \
+        d.get("incomplete") else 0
+
+
+def check_digests(spark, rows, args) -> dict:
+    """The destination against the sender's digests (diode.spark.digests): the report's
+    `digests`."""
+    from diode.spark import digests
+    from diode.spark.verify import say
+    say(f"checking the destination against the sender's digests in {args.digest_topic}")
+    started = time.monotonic()
+    found = digests.extract_digests(spark, args.bootstrap, args.digest_topic, args.format)
+    judged = [r.asDict(recursive=True) for r in
+              digests.check(rows, found, args.written_at_header).collect()]
+    reported = digests.reported_missing(args.bootstrap, args.missing_records_topic) \
+        if args.missing_records_topic else None
+    say(f"checked {len(judged)} digests in {time.monotonic() - started:.1f} s")
+    return digests.summary(judged, reported)
 
 
 def add_arguments(p) -> None:
@@ -105,6 +128,10 @@ def add_arguments(p) -> None:
                    help="receiver.written.at.header, for latency ('' for none)")
     p.add_argument("--source-bootstrap", help="the source cluster too: compare record by record "
                    "(lost, duplicated, altered); soak tests and pre-production")
+    p.add_argument("--digest-topic", help="receiver.digest.topic: check every range the sender "
+                   "digested (verified, altered, incomplete) without the source cluster")
+    p.add_argument("--missing-records-topic", help="receiver.missing.records.topic: say "
+                   "whether the records absent from a digested range were reported missing")
     p.add_argument("--json", help="write the report as JSON")
     p.add_argument("--manifest", help="write the resend manifest (missing ranges), signed "
                    "with the link's key of --topology")

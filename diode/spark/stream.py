@@ -221,9 +221,9 @@ def main(args) -> int:
     if not args.checkpoint:
         raise SystemExit("diode verify --stream needs --checkpoint DIR (Spark's checkpoint and "
                          "the audit's ledger; a restart carries on from it)")
-    if args.source_bootstrap or args.manifest:
-        raise SystemExit("diode verify --stream: --source-bootstrap and --manifest are for "
-                         "batch audits; run one without --stream")
+    if args.source_bootstrap or args.manifest or args.digest_topic:
+        raise SystemExit("diode verify --stream: --source-bootstrap, --manifest and "
+                         "--digest-topic are for batch audits; run one without --stream")
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append("SIGTERM"))
     say(f"starting Spark ({args.master or 'spark-submit master or local[*]'})")

@@ -21,6 +21,7 @@ import sys
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from diode.accounting.tickets import HEADER as TICKET_HEADER
 from diode.spark.kafka_source import choose_format, connector_jars
 
 MISSING = "array<struct<first: long, last: long>>"
@@ -285,14 +286,7 @@ def compare(source: DataFrame, destination: DataFrame, written_at: str = "writte
     `current` (a broker without topic ids) are compared by offset alone. sourceTopicId in the
     result: the incarnation compared (null when not known)."""
     key = ["sourceTopic", "sourcePartition", "sourceOffset"]
-    # the receiver appends provenance (3 headers, then sourceTopicId since topic ids) and
-    # then `written_at`: drop those only
-    stamp = F.when(F.lit(bool(written_at)) & (F.try_element_at("headers", F.lit(-1))["key"]
-                                              == F.lit(written_at)), 1).otherwise(0)
-    named = F.when(F.try_element_at("headers", F.lit(-1) - stamp)["key"]
-                   == F.lit("sourceTopicId"), 1).otherwise(0)
-    own = F.slice("headers", F.lit(1),
-                  F.greatest(F.size("headers") - 3 - stamp - named, F.lit(0)))
+    own = own_headers(written_at)
     ids = sorted((current or {}).items())
     now = F.create_map(*[F.lit(v) for kv in ids for v in kv])[F.col("sourceTopic")] if ids \
         else F.lit(None).cast("string")
@@ -320,6 +314,20 @@ def compare(source: DataFrame, destination: DataFrame, written_at: str = "writte
         .alias("duplicated"),
         F.sum(F.when(F.col("copies").isNotNull() & altered, 1).otherwise(0)).alias("altered"))
         .orderBy("sourceTopic", "sourcePartition"))
+
+
+def own_headers(written_at: str = "writtenAt"):
+    """A destination record's own headers: the source's, in order, without those the receiver
+    appends after them: provenance (sourceTopic, sourcePartition, sourceOffset, then
+    sourceTopicId since topic ids), `written_at`, and on a resent record diodeTicket."""
+    def key_at(back):
+        return F.try_element_at("headers", F.lit(-1) - back)["key"]
+    ticket = F.when(key_at(F.lit(0)) == F.lit(TICKET_HEADER), 1).otherwise(0)
+    stamp = F.when(F.lit(bool(written_at)) & (key_at(ticket) == F.lit(written_at)), 1) \
+        .otherwise(0)
+    named = F.when(key_at(ticket + stamp) == F.lit("sourceTopicId"), 1).otherwise(0)
+    return F.slice("headers", F.lit(1),
+                   F.greatest(F.size("headers") - 3 - ticket - stamp - named, F.lit(0)))
 
 
 def with_provenance_rows(rows: DataFrame) -> DataFrame:

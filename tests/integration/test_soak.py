@@ -45,6 +45,9 @@ def test_two_minute_soak_with_every_fault_passes_record_by_record(tmp_path):
     assert all(f.get("ended") is not None for f in rep["faults"])
     assert rep["worker_restarts"] >= 2  # the two kills
     assert rep["memory"] and rep["latency"]
+    # the sender's digests prove the content without the source: nothing altered, and the
+    # ranges that lost records to the faults are incomplete, not altered
+    assert rep["digests"]["verified"] > 0 and rep["digests"]["altered"] == 0, rep["digests"]
     md = (out / "report.md").read_text()
     for name in ("throughput", "latency", "backlog", "rss", "cpu"):
         png = out / f"{name}.png"

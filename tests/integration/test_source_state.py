@@ -61,8 +61,9 @@ def test_missing_ranges_at_risk_then_expired_as_the_source_deletes_them(
     risk: their timestamps are an hour old and the topic keeps records a day, so retention
     deletes them within receiver.resend.horizon.ms (24 h; the margin in offsets is 0 here). Once
     the source deletes them (DeleteRecords, as retention would) they are reported once more as
-    expired, part by part as the log start passes them, and the ticket closes as expired. Tansu
-    deletes nothing: there they stay at risk."""
+    expired, part by part as the log start passes them (the first part while the receiver runs,
+    the rest while it is stopped), and the ticket closes as expired. Tansu deletes nothing:
+    there they stay at risk."""
     src, dst = start_brokers(broker_kind, "source", "destination")
     create_topic(src.bootstrap, "src", 2, {"retention.ms": "86400000"})
     topo = write_topology(tmp_path, src.bootstrap, dst.bootstrap,
@@ -100,13 +101,22 @@ def test_missing_ranges_at_risk_then_expired_as_the_source_deletes_them(
         assert receiver.metric("missing_expired_records", "kafka_writer") == 0
         return
     admin = AdminClient(client(src.bootstrap))
-    for step in (80, 120):  # the log start passes 50..79, then the rest
-        for future in admin.delete_records([TopicPartition("src", 0, step)]).values():
+
+    def delete_below(offset):
+        for future in admin.delete_records([TopicPartition("src", 0, offset)]).values():
             future.result(30)
-        wait_for(lambda: receiver.metric("missing_at_risk_records", "kafka_writer",
-                                         topic="src") == 50 + max(0, 100 - step), 30,
-                 f"the records below {step} no longer at risk")
-    assert receiver.metric("missing_expired_records", "kafka_writer") == 50
+
+    delete_below(80)  # the log start passes 50..79 while the receiver runs
+    wait_for(lambda: receiver.metric("missing_at_risk_records", "kafka_writer",
+                                     topic="src") == 70, 30, "the records below 80 not at risk")
+    assert receiver.metric("missing_expired_records", "kafka_writer") == 30
+    assert receiver.stop() == 0
+    delete_below(120)  # and the rest while it is stopped
+    receiver = launch(topo, side="receiver")
+    wait_for(lambda: receiver.metric("missing_expired_records", "kafka_writer") == 20, 60,
+             "80..99 expired, seen after the restart")
+    wait_for(lambda: receiver.metric("missing_at_risk_records", "kafka_writer",
+                                     topic="src") == 50, 30, "partition 1's still at risk")
 
     def expired():
         return [e for e in events if e["type"] == "missing" and e["reason"] == "expired"]
