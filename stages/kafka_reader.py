@@ -33,7 +33,7 @@ from confluent_kafka import (OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError,
                              Message, TopicPartition)
 from confluent_kafka.admin import AdminClient
 
-from diode.accounting.digests import Digester, message_hashes
+from diode.accounting.digests import Digest, Digester, message_hashes, new_range
 from diode.link import runs
 from diode.runtime import transport
 from diode.kafka import identity, lineage
@@ -96,6 +96,9 @@ class Stage(BaseStage):
         self.digester = Digester(s.digest_records, s.digest_interval_ms / 1000) \
             if s.digest_records and self.resend is None else None
         self.digests: deque = deque(maxlen=MAX_DIGESTS_WAITING)  # closed, not yet handed on
+        # a resend's ranges: (topic, partition) -> [the range, records read, their hasher]
+        self.resend_sums: dict = {}
+        self.resend_tainted = False
         self.next_commit = time.monotonic() + s.offset_commit_interval_ms / 1000
         self.waiting_since = None         # when acknowledgements were last outstanding and new
         self.stop_deadline = None
@@ -312,7 +315,7 @@ class Stage(BaseStage):
         self.resend_pos[tp] = offset
         ranges = self.resend.get(tp)
         while ranges and offset > ranges[0][1]:
-            ranges.popleft()
+            self._resend_range_read(tp, ranges.popleft())
         if not ranges:
             self._resend_done(tp)
             return False
@@ -320,7 +323,25 @@ class Stage(BaseStage):
             if ranges[0][0] - offset > RESEND_SEEK_GAP:
                 self.consumer.seek(TopicPartition(tp[0], tp[1], ranges[0][0]))
             return False
+        rng = ranges[0]
+        acc = self.resend_sums.get(tp)
+        if acc is None or acc[0] is not rng:
+            acc = self.resend_sums[tp] = [rng, 0, new_range()]
+        acc[1] += 1
+        acc[2].update(message_hashes([m])[0])
         return True
+
+    def _resend_range_read(self, tp, rng) -> None:
+        """A range of the manifest read through: its digest says how many records the source
+        holds in it (on a compacted topic, fewer than its offsets), so that the receiver knows
+        when its ticket is filled. None after a rewind (its count would be short)."""
+        acc = self.resend_sums.pop(tp, None)
+        if self.resend_tainted:
+            return
+        count, hasher = (acc[1], acc[2]) if acc is not None and acc[0] is rng else \
+            (0, new_range())
+        self.digests.append(Digest(tp[0], tp[1], self.lineage.incarnation(tp[0]), rng[0],
+                                   rng[1], count, hasher.digest()))
 
     def _resend_done(self, tp) -> None:
         if self.resend.get(tp) is not None and tp in self.assigned:
@@ -338,6 +359,8 @@ class Stage(BaseStage):
         self.last_read.clear()
         if self.digester is not None:
             self.digester.forget()
+        self.resend_tainted = self.resend is not None  # (ranges read again from mid-way)
+        self.resend_sums.clear()
         self.epoch += 1 << 32  # acknowledgements of earlier messages are ignored from now
         self.out.clear()
         tps = [TopicPartition(t, p, positions.get((t, p), start))
@@ -366,8 +389,10 @@ class Stage(BaseStage):
             self.acks.poll(20)
         self._check_stalled(now)
         if self.resend is not None:  # no chain, no commit: done when every range is sent
+            if self.digests and not self.out.full:
+                self._hand_digests(resend=True)
             if not any(self.resend.values()) and not self.tracker.inflight and \
-                    not len(self.out):
+                    not len(self.out) and not self.digests:
                 self.log.info("resend complete")
                 return False
             return True
@@ -442,6 +467,9 @@ class Stage(BaseStage):
             # records came before this end): nothing more will come. (An end of partition seen
             # by a fetch from before a seek is no reason to stop.)
             if ranges and (m.offset() <= ranges[0][0] or m.offset() > ranges[-1][1]):
+                if m.offset() > ranges[-1][1]:  # every range was read through
+                    while ranges:
+                        self._resend_range_read(tp, ranges.popleft())
                 self._resend_done(tp)
         else:
             self.log.warning("source cluster: %s", err)
@@ -468,8 +496,12 @@ class Stage(BaseStage):
         self.digests.extend(self.digester.due(now))
         if not self.digests or self.out.full:
             return  # (kept for the next heartbeat: the deque holds MAX_DIGESTS_WAITING)
+        self._hand_digests()
+
+    def _hand_digests(self, resend: bool = False) -> None:
         batch = {"reader": self.ctx.spec.index, "time_ms": int(time.time() * 1000),
-                 "cluster": self.lineage.cluster, "partitions": [tuple(d) for d in self.digests]}
+                 "cluster": self.lineage.cluster, "resend": resend,
+                 "partitions": [tuple(d) for d in self.digests]}
         self.digests.clear()
         self.out.put([transport.dumps(("digests", batch))])
         self.metrics.inc("digests", len(batch["partitions"]))

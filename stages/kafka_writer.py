@@ -647,7 +647,15 @@ class Stage(BaseStage):
 
     def _digests(self, batch: dict) -> None:
         """The sender's digests of ranges it read (diode.accounting.digests): to
-        receiver.digest.topic, for diode verify."""
+        receiver.digest.topic, for diode verify. A resend's say how many records the source
+        holds in each range it resent: its ticket is filled once they have all arrived."""
+        if batch.get("resend"):
+            for t, p, inc, first, last, count, _ in batch["partitions"]:
+                source = self.sources.get((t, p))
+                state = source.find(inc) if source is not None else None
+                if state is not None:
+                    state.source_holds(first, last, count)
+                    self._close_tickets(t, p, state, state.settle_tickets(first, last))
         topic = self.r.digest_topic
         if not topic:
             return
@@ -656,7 +664,8 @@ class Stage(BaseStage):
                 "sourceTopic": t, "sourcePartition": p, "sourceTopicId": identity.text(inc),
                 "firstOffset": first, "lastOffset": last, "count": count,
                 "digest": digest.hex(), "sentAt": batch["time_ms"],
-                "sourceCluster": batch["cluster"]}).encode(), None))
+                "sourceCluster": batch["cluster"], "resend": bool(batch.get("resend"))
+            }).encode(), None))
         self.metrics.inc("digests", len(batch["partitions"]))
 
     def _export_source_state(self) -> None:

@@ -123,7 +123,8 @@ class PartitionState:
         self.resumed = resumed             # after a restart, no live record written yet
         # Open resend tickets (diode.accounting.tickets): reported ranges, [first, last,
         # opened at (wall clock, ms), the source timestamp of the last record written before
-        # them or None], sorted and disjoint, until no gap is left in them.
+        # them or None, how many records the source holds in them or None (a resend's word)],
+        # sorted and disjoint, until no gap is left in them (or none the source holds).
         self.tickets: list = []
         self.last_timestamp: int | None = None  # of the last record written (the caller's)
 
@@ -153,7 +154,7 @@ class PartitionState:
             #                        clock it ran on went with the restart)
         state.gaps = [list(g) for g in saved.get("gaps", [])]
         state.unknown = [list(g) for g in saved.get("unknown", [])]
-        state.tickets = [[*t[:3], t[3] if len(t) > 3 else None]
+        state.tickets = [[*t[:3], *(list(t[3:5]) + [None, None])[:2]]
                          for t in saved.get("tickets", [])]
         state.last_timestamp = saved.get("last_timestamp")
         # the wait starts again at the first expire() after the restart
@@ -215,7 +216,7 @@ class PartitionState:
         i = bisect.bisect_left(self.tickets, [first])
         if i < len(self.tickets) and self.tickets[i][:2] == [first, last]:
             return []
-        self.tickets.insert(i, [first, last, now_ms, self.last_timestamp])
+        self.tickets.insert(i, [first, last, now_ms, self.last_timestamp, None])
         dropped = []
         while len(self.tickets) > self.max_gaps:
             dropped.append([*self.tickets.pop(0)[:3], "untracked"])
@@ -228,28 +229,50 @@ class PartitionState:
                 if t[3] is not None and t[3] + retention_ms < deadline_ms]
 
     def ticket_at(self, offset: int) -> list | None:
-        """The open ticket whose range holds `offset`: [first, last, opened, ts], or None."""
+        """The open ticket whose range holds `offset`: [first, last, opened, ts, held], or
+        None."""
         i = bisect.bisect_right(self.tickets, [offset, float("inf")]) - 1
         return self.tickets[i] if i >= 0 and self.tickets[i][1] >= offset else None
 
+    def source_holds(self, first: int, last: int, count: int) -> None:
+        """A resend read the source from `first` to `last` and found `count` records: the
+        ticket of exactly that range is filled once that many of its records have arrived
+        (on a compacted topic the rest never existed)."""
+        i = bisect.bisect_left(self.tickets, [first])
+        if i < len(self.tickets) and self.tickets[i][:2] == [first, last]:
+            self.tickets[i][4] = count
+
     def settle_tickets(self, first: int, last: int) -> list:
-        """Close the open tickets overlapping [first, last] that no reported gap is left in
-        ("filled") or whose gaps left are all below the source's log start ("expired"):
-        returned as [first, last, opened, state]."""
+        """Close the open tickets overlapping [first, last] that no reported gap is left in, or
+        whose records the source holds have all arrived (source_holds): "filled"; or whose
+        gaps left are all below the source's log start: "expired". Returned as [first, last,
+        opened, state]."""
         closed = []
         i = max(0, bisect.bisect_right(self.tickets, [first]) - 1)
         while i < len(self.tickets) and self.tickets[i][0] <= last:
-            t0, t1, opened, _ = self.tickets[i]
+            t0, t1, opened, _, held = self.tickets[i]
             if t1 < first:
                 i += 1
                 continue
             top = self._highest_gap_in(t0, t1)
-            if top is None or top < self.log_start:
-                closed.append([t0, t1, opened, "filled" if top is None else "expired"])
+            if top is None or (held is not None and
+                               t1 - t0 + 1 - self._gap_records_in(t0, t1) >= held):
+                closed.append([t0, t1, opened, "filled"])
+                del self.tickets[i]
+            elif top < self.log_start:
+                closed.append([t0, t1, opened, "expired"])
                 del self.tickets[i]
             else:
                 i += 1
         return closed
+
+    def _gap_records_in(self, first: int, last: int) -> int:
+        """How many offsets of [first, last] are still in reported gaps."""
+        n, i = 0, max(0, bisect.bisect_left(self.gaps, [first]) - 1)
+        while i < len(self.gaps) and self.gaps[i][0] <= last:
+            n += max(0, min(self.gaps[i][1], last) - max(self.gaps[i][0], first) + 1)
+            i += 1
+        return n
 
     def _highest_gap_in(self, first: int, last: int) -> int | None:
         """The highest offset in [first, last] still in a reported gap (None: none is)."""

@@ -222,7 +222,7 @@ def decode_source(payload: bytes) -> dict:
 DIGEST_SCHEMA = fastavro.parse_schema({
     "type": "record", "name": "Digests", "namespace": "diode",
     "fields": [
-        *_fields(reader="int", time_ms="long", cluster="string"),
+        *_fields(reader="int", time_ms="long", cluster="string", resend="boolean"),
         _partitions("RangeDigest", *_fields(first="long", last="long", count="long",
                                             digest={"type": "fixed", "name": "Digest",
                                                     "size": 16})),
@@ -235,6 +235,7 @@ def encode_digests(batch: dict) -> bytes:
     out = io.BytesIO()
     fastavro.schemaless_writer(out, DIGEST_SCHEMA, {
         "reader": batch["reader"], "time_ms": batch["time_ms"], "cluster": batch["cluster"],
+        "resend": bool(batch.get("resend")),
         "partitions": [{"topic": t, "partition": p, "incarnation": inc, "first": first,
                         "last": last, "count": count, "digest": digest}
                        for t, p, inc, first, last, count, digest in batch["partitions"]]})
@@ -242,9 +243,10 @@ def encode_digests(batch: dict) -> bytes:
 
 
 def decode_digests(payload: bytes) -> dict:
-    """{"reader", "time_ms", "cluster", "partitions": [(topic, partition, incarnation, first,
-    last, count, digest), ...]}: each the digest (16 bytes) of `count` records the sender read
-    from first to last. Raises RejectedDatagram."""
+    """{"reader", "time_ms", "cluster", "resend", "partitions": [(topic, partition,
+    incarnation, first, last, count, digest), ...]}: each the digest (16 bytes) of `count`
+    records the sender read from first to last (with `resend`: a range of `diode resend`, read
+    whole: the source holds exactly those records in it). Raises RejectedDatagram."""
     batch = _read(payload, DIGEST_SCHEMA, "digests")
     batch["partitions"] = [(c["topic"], c["partition"], c["incarnation"], c["first"],
                             c["last"], c["count"], c["digest"]) for c in batch["partitions"]]

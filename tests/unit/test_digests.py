@@ -55,7 +55,7 @@ def test_ranges_close_by_count_by_time_and_start_again_after_a_rewind():
 
 
 def test_digests_cross_the_link_as_a_datagram_kind_of_their_own():
-    batch = {"reader": 1, "time_ms": 123, "cluster": "c1",
+    batch = {"reader": 1, "time_ms": 123, "cluster": "c1", "resend": True,
              "partitions": [("t", 0, b"A" * 16, 0, 11, 12, os.urandom(16)),
                             ("u", 3, b"B" * 16, 5, 9, 3, os.urandom(16))]}
     assert wire.decode_digests(wire.encode_digests(batch)) == batch

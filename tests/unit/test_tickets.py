@@ -35,15 +35,15 @@ def lossy_state():
 def test_a_ticket_closes_filled_when_its_last_record_comes():
     state, runs = lossy_state()
     assert state.open_ticket(3, 4, 5000) == []  # reported again (a restart): the same ticket
-    assert state.tickets == [[3, 4, 1000, None], [8, 8, 1000, None]]
+    assert state.tickets == [[3, 4, 1000, None, None], [8, 8, 1000, None, None]]
     _, _, filled = feed(state, [resent(runs[3])])
     assert filled == [3] and state.settle_tickets(3, 3) == []  # 4 is still missing
-    assert state.ticket_at(4) == [3, 4, 1000, None] and state.ticket_at(5) is None
+    assert state.ticket_at(4) == [3, 4, 1000, None, None] and state.ticket_at(5) is None
     _, _, filled = feed(state, [resent(runs[4])])
     assert state.settle_tickets(4, 4) == [[3, 4, 1000, "filled"]]
-    assert state.tickets == [[8, 8, 1000, None]]
+    assert state.tickets == [[8, 8, 1000, None, None]]
     again = PartitionState.restore(state.checkpoint(), 0.0)  # kept across a restart
-    assert again.tickets == [[8, 8, 1000, None]]
+    assert again.tickets == [[8, 8, 1000, None, None]]
     feed(again, [resent(runs[8])])
     assert again.settle_tickets(8, 8) == [[8, 8, 1000, "filled"]] and again.tickets == []
 
@@ -54,7 +54,23 @@ def test_a_ticket_closes_expired_when_the_source_deletes_what_is_left():
     state.settle_tickets(3, 3)
     assert state.source_starts(5) == [[4, 4]]
     assert state.settle_tickets(4, 4) == [[3, 4, 1000, "expired"]]
-    assert state.source_starts(8) == [] and state.tickets == [[8, 8, 1000, None]]
+    assert state.source_starts(8) == [] and state.tickets == [[8, 8, 1000, None, None]]
+
+
+def test_a_ticket_on_a_compacted_topic_closes_once_what_the_source_holds_arrived():
+    """A range reported missing may hold offsets that never were records (compacted away, a
+    transaction's markers): a resend that read the range says how many records it holds."""
+    state = PartitionState(0.0)
+    state.gaps = [[10, 19]]
+    state.open_ticket(10, 19, 1000)
+    state.source_holds(10, 19, 4)  # 10, 13, 15, 18 exist
+    state.source_holds(10, 18, 3)  # (another range: no ticket of it)
+    for offset in (10, 13, 15):
+        state._fill(offset)
+        assert state.settle_tickets(offset, offset) == []
+    state._fill(18)
+    assert state.settle_tickets(18, 18) == [[10, 19, 1000, "filled"]]
+    assert state.gaps == [[11, 12], [14, 14], [16, 17], [19, 19]]  # (never to come)
 
 
 def test_open_tickets_are_bounded_per_partition():
