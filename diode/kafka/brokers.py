@@ -371,6 +371,17 @@ def accepts(host: str, port: int) -> bool:
 
 def free_port(kind=socket.SOCK_STREAM) -> int:
     """A port nothing listens on right now, on 127.0.0.1 (for embedded brokers and links)."""
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1, kind)[0]
+
+
+def free_ports(n: int, kind=socket.SOCK_STREAM) -> list:
+    """n distinct such ports: held open together while they are chosen (ports chosen one after
+    the other may be the same one, each closed before the next is asked for)."""
+    held = [socket.socket(socket.AF_INET, kind) for _ in range(n)]
+    try:
+        for s in held:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()

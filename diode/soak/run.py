@@ -363,9 +363,8 @@ class Soak:
         directory: the link through link-sim, the brokers on their new ports, the soak's
         topics, the missing-records topic, the journal in the report directory."""
         t, raw = plan.topology, copy.deepcopy(plan.raw)
-        ports = {"sim": embedded.free_port(socket.SOCK_DGRAM),
-                 "receiver": embedded.free_port(socket.SOCK_DGRAM),
-                 "control": embedded.free_port(socket.SOCK_DGRAM)}
+        ports = dict(zip(("sim", "receiver", "control"),
+                         embedded.free_ports(3, socket.SOCK_DGRAM)))
         raw.pop("brokers", None)
         raw.setdefault("sender", {})
         raw.setdefault("receiver", {})
