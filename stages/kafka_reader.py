@@ -33,7 +33,8 @@ from confluent_kafka import (OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError,
                              Message, TopicPartition)
 from confluent_kafka.admin import AdminClient
 
-from diode.accounting.digests import Digest, Digester, message_hashes, new_range
+from diode.accounting.digests import (Digest, Digester, message_hashes, new_range,
+                                      record_hash)
 from diode.link import runs
 from diode.runtime import transport
 from diode.kafka import identity, lineage
@@ -328,7 +329,7 @@ class Stage(BaseStage):
         if acc is None or acc[0] is not rng:
             acc = self.resend_sums[tp] = [rng, 0, new_range()]
         acc[1] += 1
-        acc[2].update(message_hashes([m])[0])
+        acc[2].update(record_hash(m.key(), m.value(), m.headers(), m.timestamp()[1]))
         return True
 
     def _resend_range_read(self, tp, rng) -> None:

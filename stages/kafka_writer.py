@@ -356,14 +356,15 @@ class Stage(BaseStage):
         parts, start, current = [], 0, None
         for i, offset in enumerate(run.offsets):
             t = state.ticket_at(offset)
-            tid = self._ticket(run.topic, run.partition, state, t[0], t[1]) if t else None
-            if i and tid != current:
+            if i and t is not current:
                 parts.append((start, i, current))
                 start = i
-            current = tid
+            current = t
         parts.append((start, len(run), current))
         return [[run if (a, b) == (0, len(run)) else run.take(range(a, b)), 0, None,
-                 ((tickets.HEADER, tid.encode()),) if tid else ()] for a, b, tid in parts]
+                 ((tickets.HEADER, self._ticket(run.topic, run.partition, state, t[0],
+                                                t[1]).encode()),) if t else ()]
+                for a, b, t in parts]
 
     def _export_tickets(self) -> None:
         now_ms = int(time.time() * 1000)

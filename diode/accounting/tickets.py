@@ -113,12 +113,17 @@ def _body(manifest: dict) -> bytes:
     return json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()
 
 
+def _mac(manifest: dict, master: bytes, key_id: int) -> str:
+    """HMAC-SHA256 of the manifest's body and key id under the manifest key of `master`."""
+    return hmac.new(manifest_key(master), struct.pack("!I", key_id) + _body(manifest),
+                    hashlib.sha256).hexdigest()
+
+
 def sign(manifest: dict, master: bytes, key_id: int) -> dict:
     """The manifest with its `auth`: HMAC-SHA256 under the manifest key of the link's master
     key `key_id`."""
-    mac = hmac.new(manifest_key(master), struct.pack("!I", key_id) + _body(manifest),
-                   hashlib.sha256).hexdigest()
-    return {**manifest, "auth": {"alg": "HMAC-SHA256", "keyId": key_id, "mac": mac}}
+    return {**manifest, "auth": {"alg": "HMAC-SHA256", "keyId": key_id,
+                                 "mac": _mac(manifest, master, key_id)}}
 
 
 def check(manifest: dict, keys: dict) -> str | None:
@@ -132,9 +137,7 @@ def check(manifest: dict, keys: dict) -> str | None:
     master = keys.get(key_id) if isinstance(key_id, int) else None
     if master is None:
         return f"it is signed with link key id {key_id!r}, which this topology does not hold"
-    want = hmac.new(manifest_key(master), struct.pack("!I", key_id) + _body(manifest),
-                    hashlib.sha256).hexdigest()
-    if not isinstance(mac, str) or not hmac.compare_digest(want, mac):
+    if not isinstance(mac, str) or not hmac.compare_digest(_mac(manifest, master, key_id), mac):
         return "its MAC does not match: it was altered, or signed with another link's key"
     for entry in manifest.get("missing", []):
         for (first, last), tid in zip(entry.get("ranges", []), entry.get("tickets", []) or []):
