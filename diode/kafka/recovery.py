@@ -17,7 +17,7 @@ Both read with a consumer of their own that is assigned partitions (never subscr
 join) and read backward from each partition's end in growing chunks. A partition's end is where
 reading it reaches partition EOF and then nothing more comes for a moment, never the reported
 high watermark: Tansu's ListOffsets "latest" is the first offset of the last batch + 1
-(DESIGN.md §7), so the records after it are read too.
+(docs/design.md §8), so the records after it are read too.
 """
 
 import json

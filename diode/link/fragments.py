@@ -32,7 +32,7 @@ What happens when a fragment is lost. The record is lost as a whole: its group n
 completes, is dropped `timeout` seconds after its last new fragment, and `expire()` reports it
 (with how many of its fragments arrived) so the unpacker can log and count it. The record
 itself is then missing from its partition's offset chain, and the loss accounting that watches
-those chains (DESIGN.md §4) reports it as a missing range, as it would a lost data datagram.
+those chains (docs/design.md §4) reports it as a missing range, as it would a lost data datagram.
 """
 
 import struct

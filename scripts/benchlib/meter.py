@@ -3,7 +3,7 @@
 - WatermarkMeter: records in a destination topic, from its partitions' offsets (ListOffsets
   every tick), never by reading the records. The writers are idempotent producers, so the
   offsets count records. Tansu's "latest" offset is the first offset of the last batch written
-  + 1, not the end (DESIGN.md §7): a lower bound. When the watermarks stop moving the meter
+  + 1, not the end (docs/design.md §8): a lower bound. When the watermarks stop moving the meter
   reads each partition's tail once from there to the end of the partition (a batch at most)
   and takes the end from the last record: exact on both brokers, and cheap, since nothing is
   read while the watermarks move. A run's end is the tick at which the watermarks last moved

@@ -49,7 +49,7 @@ def preproduce(bootstrap: str, topic: str, count: int, size: int,
                compressible: bool) -> tuple[float, dict]:
     """Produce `count` records (a key and one header each) to a new topic. Returns the seconds it
     took and each partition's end offset, from the delivery reports: exact on every broker
-    (Tansu's "latest" offset is not, DESIGN.md §7). Fails unless all are acknowledged."""
+    (Tansu's "latest" offset is not, docs/design.md §8). Fails unless all are acknowledged."""
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all",
                   "batch.size": 1000000, "queue.buffering.max.kbytes": 262144,
                   "compression.type": "none"})

@@ -1,4 +1,4 @@
-"""A durable receiver (DESIGN.md §4): restarts and outages lose nothing silently.
+"""A durable receiver (docs/design.md §5): restarts and outages lose nothing silently.
 
 The sender and the receiver run as separate launches, as an operator runs them, with the
 missing-records topic configured; a stream of records flows at a steady rate while receiver

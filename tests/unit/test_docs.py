@@ -55,3 +55,49 @@ def test_every_script_the_docs_name_is_there_to_run():
     for script in named:
         path = ROOT / "scripts" / script
         assert path.is_file() and path.stat().st_mode & 0o111, script
+
+
+LINKED = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def anchors_of(path: Path) -> set:
+    """The anchors a renderer gives a Markdown file's headings (GitHub's rule: lower case,
+    punctuation dropped, spaces to hyphens; repeats get -1, -2 ...)."""
+    seen: dict = {}
+    out = set()
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    for heading in re.findall(r"^#+\s+(.+?)\s*$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower().replace("`", "")).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    links = 0
+    broken = []
+    for path in LINKED:
+        text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # http:, https:, mailto:
+            links += 1
+            file, _, anchor = target.partition("#")
+            resolved = (path.parent / file).resolve() if file else path
+            where = f"{path.relative_to(ROOT)} -> {target}"
+            if not resolved.exists():
+                broken.append(f"{where}: no such file")
+            elif anchor and resolved.suffix == ".md" and anchor not in anchors_of(resolved):
+                broken.append(f"{where}: no such heading")
+    assert links > 20  # the finder finds them
+    assert not broken, broken
+
+
+def test_the_code_cites_the_design_in_the_project():
+    """The design the code cites is docs/design.md, which is in the repository."""
+    assert (ROOT / "docs" / "design.md").is_file()
+    cited_elsewhere = [str(p.relative_to(ROOT)) for room in ("diode", "stages", "tests", "scripts")
+                       for p in (ROOT / room).rglob("*.py")
+                       if "DESIGN.md" in p.read_text() and p.name != "test_docs.py"]
+    assert not cited_elsewhere, cited_elsewhere
