@@ -33,7 +33,8 @@ from diode.runtime import exporter, launches, statedir, worker
 from diode.kafka import brokers as embedded
 from diode.kafka.clients import client_settings
 from diode.errors import DiodeError
-from diode.runtime.topology import PIPELINES, SIDES, Topology, WorkerSpec, plan
+from diode.runtime.topology import PIPELINES, SIDES, Topology
+from diode.runtime.wiring import WorkerSpec, plan
 
 log = logging.getLogger("diode.runtime.supervisor")
 

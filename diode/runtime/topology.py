@@ -634,41 +634,6 @@ def _cross_checks(t: Topology) -> list[str]:
     return problems
 
 
-# -- the plan: processes, CPUs, endpoints ------------------------------------------------------
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    side: str
-    stage: str
-    index: int
-    cpus: tuple
-
-    @property
-    def name(self) -> str:
-        return f"{self.side}/{self.stage}-{self.index}"
-
-
-def endpoint(run_dir: str, side: str, stage: str, index: int, purpose: str = "in") -> str:
-    """A queue's ZeroMQ address: ipc in the run directory; inproc when run_dir is "inproc"
-    (stage tests drive a stage in one process with in-memory sockets)."""
-    if run_dir == "inproc":
-        return f"inproc://{side}-{stage}-{index}.{purpose}"
-    return f"ipc://{run_dir}/{side}-{stage}-{index}.{purpose}"
-
-
-def plan(t: Topology, sides=SIDES) -> list[WorkerSpec]:
-    """Every process the supervisor forks, in data-flow order per side."""
-    specs = []
-    for side in sides:
-        for stage in PIPELINES[side]:
-            s = t.stage(side, stage)
-            for i in range(s.instances):
-                cpus = (s.cpus[i % len(s.cpus)],) if s.pin_per_instance and s.cpus \
-                    else tuple(s.cpus)
-                specs.append(WorkerSpec(side, stage, i, cpus))
-    return specs
-
-
 # -- reference documentation -------------------------------------------------------------------
 
 def _type_name(f) -> str:

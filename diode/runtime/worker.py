@@ -24,7 +24,9 @@ import zmq
 
 from diode.errors import DiodeError
 from diode.runtime.metrics import Metrics
-from diode.runtime.topology import Topology, WorkerSpec
+from diode.runtime.topology import Topology
+from diode.runtime import wiring
+from diode.runtime.wiring import WorkerSpec
 
 log = logging.getLogger("diode.runtime.worker")
 
@@ -77,12 +79,10 @@ class StageContext:
 
     def bound(self, purpose: str = "in") -> str:
         """The endpoint this worker binds for `purpose` (diode.runtime.wiring)."""
-        from diode.runtime import wiring
         return wiring.bound(self.run_dir, self.spec, purpose)
 
     def peers(self, name: str) -> list[str]:
         """The endpoints of every instance this worker's `name` queue reaches."""
-        from diode.runtime import wiring
         return wiring.peers(self.topology, self.run_dir, self.spec, name)
 
     def instances(self, stage: str) -> int:
