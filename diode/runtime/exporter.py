@@ -35,8 +35,8 @@ class SupervisorCollector:
         except (OSError, ValueError):
             workers = []
         labels = ["side", "stage", "index"]
-        up = GaugeMetricFamily("diode_worker_up", "1 while the worker runs, 0 while it waits "
-                               "for a restart, has stopped or was given up on", labels=labels)
+        up = GaugeMetricFamily("diode_worker_up", "1 while the worker runs, 0 while it starts, "
+                               "waits for a restart, has stopped or was given up on", labels=labels)
         restarts = CounterMetricFamily("diode_worker_restarts", "Times the supervisor started "
                                        "the worker again", labels=labels)
         for w in workers:

@@ -3,15 +3,14 @@
 After gunicorn's Arbiter and supervisord's process states. The supervisor creates no ZeroMQ
 context and no Kafka client: children make their own after the fork.
 
-Worker states and their edges (every transition goes through `Worker.to`):
-
-    RUNNING  -> BACKOFF   it exited or stopped beating, and the restart budget allows a restart
-    RUNNING  -> FATAL     it exited once more than restart.max allows in restart.window.seconds
-    BACKOFF  -> RUNNING   its backoff delay passed; forked again
-    RUNNING  -> STOPPING  drain: SIGTERM sent
-    BACKOFF  -> STOPPED   drain: a worker waiting for its restart is simply not restarted
-    RUNNING  -> STOPPED   `diode resend`: a reader that sent every range exits 0; done
-    STOPPING -> STOPPED   it exited (or was killed after drain.timeout.seconds)
+A worker is STARTING from its fork until it has run its stage's open() and reported its first
+heartbeat (worker.Heartbeats.opened), then RUNNING. An exit before that is a failed start (BACKOFF,
+tried again after supervisor.start.backoff.ms times the failed starts in a row; more than
+supervisor.start.retries in a row and it is FATAL); an exit while RUNNING is a crash (EXITED,
+restarted after restart.backoff.*). More than restart.max exits of either kind within
+restart.window.seconds is FATAL too. A FATAL worker stops the launch: the supervisor drains
+every stage and exits 1, naming the worker and why. Every state change goes through `Worker.to`,
+which refuses an edge missing from TRANSITIONS (a bug, raised).
 """
 
 import logging
@@ -33,17 +32,44 @@ from diode.runtime import exporter, launches, statedir, worker
 from diode.kafka import brokers as embedded
 from diode.kafka.clients import client_settings
 from diode.errors import DiodeError
-from diode.runtime.topology import PIPELINES, SIDES, Topology, WorkerSpec, plan
+from diode.runtime.topology import PIPELINES, SIDES, Topology
+from diode.runtime.wiring import WorkerSpec, plan
 
 log = logging.getLogger("diode.runtime.supervisor")
 
 
 class State(Enum):
+    """supervisord's process states, as a worker goes through them."""
+    STOPPED = "stopped"    # not started yet, or stopped by a drain
+    STARTING = "starting"  # forked; its stage has not yet opened and beaten
     RUNNING = "running"
-    BACKOFF = "backoff"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    FATAL = "fatal"
+    BACKOFF = "backoff"    # its start failed; started again after a wait
+    STOPPING = "stopping"  # asked to drain (SIGTERM)
+    EXITED = "exited"      # exited while running; restarted after a wait (unless done)
+    FATAL = "fatal"        # given up on: the launch stops
+
+
+S = State
+TRANSITIONS = {
+    (S.STOPPED, S.STARTING),   # forked for its first start
+    (S.STARTING, S.RUNNING),   # its stage ran open() and it reported its first heartbeat
+    (S.STARTING, S.BACKOFF),   # it exited, or stopped beating, before that: a failed start
+    (S.BACKOFF, S.STARTING),   # start.backoff.ms times the failed starts in a row passed
+    (S.BACKOFF, S.FATAL),      # more than start.retries failed starts in a row, or more than
+    #                            restart.max exits within restart.window.seconds
+    (S.RUNNING, S.EXITED),     # it exited or stopped beating (or `diode resend` is done)
+    (S.EXITED, S.STARTING),    # its restart backoff passed; forked again
+    (S.EXITED, S.FATAL),       # more than restart.max exits within restart.window.seconds
+    (S.STARTING, S.STOPPING),  # drain: SIGTERM (it stops once it has opened)
+    (S.RUNNING, S.STOPPING),   # drain: SIGTERM
+    (S.STOPPING, S.STOPPED),   # it exited (or was killed after drain.timeout.seconds)
+    (S.BACKOFF, S.STOPPED),    # drain: not started again
+    (S.EXITED, S.STOPPED),     # drain: not restarted
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A state change the table does not allow: a bug in the supervisor."""
 
 
 class Worker:
@@ -54,11 +80,17 @@ class Worker:
         self.state = State.STOPPED
         self.exits: deque = deque()  # monotonic times of unexpected exits
         self.starts = 0              # forks so far: 1 is its first start, more a restart
-        self.restart_at = 0.0
-        self.stop_deadline = 0.0
+        self.failed_starts = 0       # failed starts in a row
+        self.restart_at: float | None = 0.0  # None: not to be started again
+        self.message = ""            # why it is in BACKOFF, EXITED or FATAL (diode status)
+        self.killed_for = ""         # why the supervisor killed it, for its exit's message
 
     def to(self, state: State, why: str = "") -> None:
-        log.debug("%s: %s -> %s %s", self.spec.name, self.state.value, state.value, why)
+        if (self.state, state) not in TRANSITIONS:
+            raise IllegalTransition(f"{self.spec.name}: {self.state.name} -> {state.name} "
+                                    f"({why})")
+        log.info("%s: %s -> %s%s", self.spec.name, self.state.name, state.name,
+                 f" ({why})" if why else "")
         self.state = state
 
 
@@ -182,18 +214,19 @@ class Supervisor:
                 log.info("%s: draining", signal.Signals(self._signals.popleft()).name)
                 return 0
             self._reap()
+            self._notice_opened()
             self._check_heartbeats()
             now = time.monotonic()
             for w in self.workers:
                 if w.state is State.FATAL:
-                    log.error("%s keeps dying (%d exits within %.0f s): giving up; stopping "
-                              "the %s side. Its log lines above say why.", w.spec.name,
-                              len(w.exits), self.cfg.restart_window_seconds, w.spec.side)
+                    log.error("%s %s: giving up; stopping the launch. Its log lines above say "
+                              "more.", w.spec.name, w.message)
                     return 1
-                if w.state is State.BACKOFF and now >= w.restart_at:
-                    self._spawn(w)  # BACKOFF -> RUNNING
+                if w.state in (State.BACKOFF, State.EXITED) and w.restart_at is not None \
+                        and now >= w.restart_at:
+                    self._spawn(w)  # BACKOFF -> STARTING, EXITED -> STARTING
             if self.t.sender.resend is not None and all(
-                    w.state is State.STOPPED for w in self.workers
+                    w.state is State.EXITED and w.restart_at is None for w in self.workers
                     if w.spec.stage == "kafka_reader"):
                 log.info("resend finished: draining")
                 return 0
@@ -251,19 +284,28 @@ class Supervisor:
                 "sides": list(self.sides),
                 "workers": [{"name": w.spec.name, "side": w.spec.side, "stage": w.spec.stage,
                              "index": w.spec.index, "state": w.state.value, "pid": w.pid,
-                             "cpus": list(w.spec.cpus), "restarts": max(0, w.starts - 1)}
+                             "cpus": list(w.spec.cpus), "restarts": max(0, w.starts - 1),
+                             "message": w.message}
                             for w in self.workers]}
 
     def _spawn(self, w: Worker) -> None:
-        self.heartbeats.beat(w.slot)
+        self.heartbeats.begin(w.slot)
         w.starts += 1
+        w.killed_for = ""
         parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             worker.run(w.spec, self.t, self.run_dir, self.secrets, self.heartbeats, w.slot,
                        parent, self.inherited, w.starts)  # never returns
         w.pid = pid
-        w.to(State.RUNNING, f"pid {pid}")
+        w.to(State.STARTING, f"pid {pid}")  # STOPPED, BACKOFF or EXITED -> STARTING
+
+    def _notice_opened(self) -> None:
+        for w in self.workers:
+            if w.state is State.STARTING and self.heartbeats.opened_by(w.slot, w.pid):
+                w.failed_starts = 0
+                w.message = ""
+                w.to(State.RUNNING, f"pid {w.pid}")  # STARTING -> RUNNING
 
     def _reap(self) -> None:
         # Wait for our workers by pid: waitpid(-1) would also reap the embedded brokers, whose
@@ -276,31 +318,69 @@ class Supervisor:
             except ChildProcessError:
                 pid, status = w.pid, 0
             if pid:
-                w.pid = 0
                 self._exited(w, os.waitstatus_to_exitcode(status))
+                w.pid = 0
 
     def _exited(self, w: Worker, code: int) -> None:
         if w.state is State.STOPPING:
-            w.to(State.STOPPED, f"exit {code}")
+            w.to(State.STOPPED, f"exit {code}")  # STOPPING -> STOPPED
             return
-        if code == 0 and self.t.sender.resend is not None and w.spec.stage == "kafka_reader":
-            w.to(State.STOPPED, "resend finished")  # RUNNING -> STOPPED: its work is done
+        self._notice_opened()  # it may have opened since last looked at, and exited since
+        if code == 0 and self.t.sender.resend is not None and w.spec.stage == "kafka_reader" \
+                and w.state is State.RUNNING:
+            w.restart_at = None
+            w.to(State.EXITED, "resend finished")  # RUNNING -> EXITED: its work is done
             return
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        how = w.killed_for or (f"killed by {signal.Signals(-code).name}" if code < 0 else
+                               f"exit code {code}")
         now = time.monotonic()
         w.exits.append(now)
         while w.exits and w.exits[0] < now - self.cfg.restart_window_seconds:
             w.exits.popleft()
+        if w.state is State.STARTING:
+            self._start_failed(w, how, now)
+        else:
+            self._crashed(w, how, now)
+        self._tell_upstream(w)
+
+    def _start_failed(self, w: Worker, how: str, now: float) -> None:
+        """A worker that exited before it was RUNNING: tried again after a wait that grows
+        with the failed starts in a row, until there are more than start.retries of them."""
+        w.failed_starts += 1
+        reason = worker.start_failure(self.run_dir, w.spec)
+        detail = f"{reason} ({how})" if reason else how
+        w.message = f"failed to start: {detail}"
+        w.restart_at = now + w.failed_starts * self.cfg.start_backoff_ms / 1000
+        w.to(State.BACKOFF, how)  # STARTING -> BACKOFF
+        if w.failed_starts > self.cfg.start_retries:
+            w.message = (f"failed to start {w.failed_starts} times in a row (supervisor."
+                         f"start.retries {self.cfg.start_retries}), the last: {detail}")
+            w.to(State.FATAL, "start retries spent")  # BACKOFF -> FATAL
+        elif len(w.exits) > self.cfg.restart_max:
+            w.message = self._keeps_dying(w)
+            w.to(State.FATAL, "restart budget spent")  # BACKOFF -> FATAL
+        else:
+            log.warning("%s %s; start %d of %d again in %.1f s", w.spec.name, w.message,
+                        w.failed_starts + 1, self.cfg.start_retries + 1, w.restart_at - now)
+
+    def _crashed(self, w: Worker, how: str, now: float) -> None:
+        """A RUNNING worker that exited: restarted after restart.backoff.*, until more than
+        restart.max exits within restart.window.seconds."""
+        w.message = how
+        w.to(State.EXITED, how)  # RUNNING -> EXITED
         if len(w.exits) > self.cfg.restart_max:
-            w.to(State.FATAL, how)  # RUNNING -> FATAL
+            w.message = self._keeps_dying(w)
+            w.to(State.FATAL, "restart budget spent")  # EXITED -> FATAL
             return
         delay = min(self.cfg.restart_backoff_initial_ms * 2 ** (len(w.exits) - 1),
                     self.cfg.restart_backoff_max_ms) / 1000
         w.restart_at = now + delay
-        w.to(State.BACKOFF, how)  # RUNNING -> BACKOFF
         log.warning("%s %s; restart %d of %d in %.1f s", w.spec.name, how, len(w.exits),
                     self.cfg.restart_max, delay)
-        self._tell_upstream(w)
+
+    def _keeps_dying(self, w: Worker) -> str:
+        return (f"keeps dying ({len(w.exits)} exits within "
+                f"{self.cfg.restart_window_seconds:.0f} s, the last: {w.message})")
 
     def _tell_upstream(self, dead: Worker) -> None:
         """What a dead worker held is lost: stages upstream on its side re-send (SIGUSR1)."""
@@ -313,10 +393,12 @@ class Supervisor:
     def _check_heartbeats(self) -> None:
         now = time.monotonic()
         for w in self.workers:
-            if w.state is State.RUNNING and \
-                    now - self.heartbeats.last(w.slot) > self.cfg.heartbeat_timeout_seconds:
-                log.error("%s (pid %d) sent no heartbeat for %.0f s: killing it", w.spec.name,
-                          w.pid, now - self.heartbeats.last(w.slot))
+            silent = now - self.heartbeats.last(w.slot)
+            if w.state in (State.STARTING, State.RUNNING) and not w.killed_for and \
+                    silent > self.cfg.heartbeat_timeout_seconds:
+                w.killed_for = (f"no heartbeat for {silent:.0f} s" +
+                                (" while starting" if w.state is State.STARTING else ""))
+                log.error("%s (pid %d) sent %s: killing it", w.spec.name, w.pid, w.killed_for)
                 _signal(w.pid, signal.SIGKILL)  # reaped as an unexpected exit
 
     def _drain(self) -> None:
@@ -328,11 +410,11 @@ class Supervisor:
                          if w.spec.side == side and w.spec.stage == stage]
                 deadline = time.monotonic() + self.cfg.drain_timeout_seconds
                 for w in group:
-                    if w.state is State.RUNNING:
-                        w.to(State.STOPPING, "SIGTERM")  # RUNNING -> STOPPING
+                    if w.state in (State.STARTING, State.RUNNING):
+                        w.to(State.STOPPING, "SIGTERM")  # STARTING or RUNNING -> STOPPING
                         _signal(w.pid, signal.SIGTERM)
-                    elif w.state in (State.BACKOFF, State.FATAL):
-                        w.to(State.STOPPED, "not restarted")  # BACKOFF -> STOPPED
+                    elif w.state in (State.BACKOFF, State.EXITED):
+                        w.to(State.STOPPED, "not started again")  # BACKOFF or EXITED -> STOPPED
                 while any(w.state is State.STOPPING for w in group):
                     self._reap()
                     if time.monotonic() > deadline:

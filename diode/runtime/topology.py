@@ -396,14 +396,22 @@ class BrokerSettings:
 @dataclass(frozen=True)
 class SupervisorSettings:
     restart_max: int = setting(5, "Restarts allowed per stage instance within "
-                               "restart.window.seconds; one more and the side stops (exit 1).",
-                               non_negative)
+                               "restart.window.seconds (after crashes and failed starts alike); "
+                               "one more and the launch stops (exit 1).", non_negative)
     restart_window_seconds: float = setting(60.0, "The window of restart.max.", positive)
     restart_backoff_initial_ms: int = setting(200, "Wait before the first restart; doubles "
                                               "with each restart in the window.", non_negative)
     restart_backoff_max_ms: int = setting(5000, "Longest wait before a restart.", non_negative)
+    start_retries: int = setting(3, "Failed starts in a row allowed per stage instance (a "
+                                 "worker that exits, or stops beating, before it has opened "
+                                 "its sockets and clients); one more and the launch stops "
+                                 "(exit 1). supervisord's startretries.", non_negative)
+    start_backoff_ms: int = setting(1000, "Wait after a failed start before the next, times "
+                                    "the failed starts in a row (1 s, 2 s, 3 s, ...).",
+                                    non_negative)
     heartbeat_timeout_seconds: float = setting(20.0, "A worker silent this long is killed and "
-                                               "restarted.", positive)
+                                               "restarted (a starting one too: its open() "
+                                               "counts).", positive)
     drain_timeout_seconds: float = setting(20.0, "On SIGTERM/SIGINT, how long each stage may "
                                            "take to drain before it is killed.", positive)
     queue_max_messages: int = setting(64, "High-water mark of every ZeroMQ queue between "
@@ -632,41 +640,6 @@ def _cross_checks(t: Topology) -> list[str]:
             problems.append(f"brokers[{i}]: data.dir and config are for kind kafka (Tansu keeps "
                             "its records in memory)")
     return problems
-
-
-# -- the plan: processes, CPUs, endpoints ------------------------------------------------------
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    side: str
-    stage: str
-    index: int
-    cpus: tuple
-
-    @property
-    def name(self) -> str:
-        return f"{self.side}/{self.stage}-{self.index}"
-
-
-def endpoint(run_dir: str, side: str, stage: str, index: int, purpose: str = "in") -> str:
-    """A queue's ZeroMQ address: ipc in the run directory; inproc when run_dir is "inproc"
-    (stage tests drive a stage in one process with in-memory sockets)."""
-    if run_dir == "inproc":
-        return f"inproc://{side}-{stage}-{index}.{purpose}"
-    return f"ipc://{run_dir}/{side}-{stage}-{index}.{purpose}"
-
-
-def plan(t: Topology, sides=SIDES) -> list[WorkerSpec]:
-    """Every process the supervisor forks, in data-flow order per side."""
-    specs = []
-    for side in sides:
-        for stage in PIPELINES[side]:
-            s = t.stage(side, stage)
-            for i in range(s.instances):
-                cpus = (s.cpus[i % len(s.cpus)],) if s.pin_per_instance and s.cpus \
-                    else tuple(s.cpus)
-                specs.append(WorkerSpec(side, stage, i, cpus))
-    return specs
 
 
 # -- reference documentation -------------------------------------------------------------------

@@ -24,7 +24,9 @@ import zmq
 
 from diode.errors import DiodeError
 from diode.runtime.metrics import Metrics
-from diode.runtime.topology import Topology, WorkerSpec
+from diode.runtime.topology import Topology
+from diode.runtime import wiring
+from diode.runtime.wiring import WorkerSpec
 
 log = logging.getLogger("diode.runtime.worker")
 
@@ -77,12 +79,10 @@ class StageContext:
 
     def bound(self, purpose: str = "in") -> str:
         """The endpoint this worker binds for `purpose` (diode.runtime.wiring)."""
-        from diode.runtime import wiring
         return wiring.bound(self.run_dir, self.spec, purpose)
 
     def peers(self, name: str) -> list[str]:
         """The endpoints of every instance this worker's `name` queue reaches."""
-        from diode.runtime import wiring
         return wiring.peers(self.topology, self.run_dir, self.spec, name)
 
     def instances(self, stage: str) -> int:
@@ -163,18 +163,34 @@ class Stage:
 
 class Heartbeats:
     """A shared anonymous mmap made before forking: slot i holds worker i's last beat
-    (CLOCK_MONOTONIC is the same clock in every process). Slots are aligned C doubles, written
-    and read in one 8-byte access, so a reader never sees half a value."""
+    (CLOCK_MONOTONIC is the same clock in every process) and the pid of the worker that has
+    opened its stage there (the supervisor's STARTING -> RUNNING). Values are aligned 8-byte C
+    numbers, written and read in one access, so a reader never sees half a value."""
 
     def __init__(self, slots: int):
-        self.mem = mmap.mmap(-1, 8 * max(slots, 1))
-        self.slots = (ctypes.c_double * max(slots, 1)).from_buffer(self.mem)
+        n = max(slots, 1)
+        self.mem = mmap.mmap(-1, 16 * n)
+        self.slots = (ctypes.c_double * n).from_buffer(self.mem)
+        self.opened_pids = (ctypes.c_int64 * n).from_buffer(self.mem, 8 * n)
+
+    def begin(self, slot: int) -> None:
+        """A worker is forked into `slot`: its clock starts now, and it has opened nothing."""
+        self.opened_pids[slot] = 0
+        self.beat(slot)
 
     def beat(self, slot: int) -> None:
         self.slots[slot] = time.monotonic()
 
     def last(self, slot: int) -> float:
         return self.slots[slot]
+
+    def opened(self, slot: int) -> None:
+        """In the worker, once its stage's open() has returned: its first heartbeat."""
+        self.beat(slot)
+        self.opened_pids[slot] = os.getpid()
+
+    def opened_by(self, slot: int, pid: int) -> bool:
+        return pid != 0 and self.opened_pids[slot] == pid
 
 
 def stage_class(stage_type: str):
@@ -205,13 +221,45 @@ def run(spec: WorkerSpec, topology: Topology, run_dir: str, secrets: Secrets,
                     resource.close()
         code = _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, mine,
                     incarnation)
-    except DiodeError as exc:  # a condition we explain, not a bug: no traceback
-        logging.getLogger(f"diode.{spec.name}").error("%s", exc)
-    except BaseException:
-        logging.getLogger(f"diode.{spec.name}").error("crashed:\n%s", traceback.format_exc())
+    except BaseException as exc:
+        known = isinstance(exc, DiodeError)  # a condition we explain, not a bug: no traceback
+        # (a traceback for anything else)
+        said = str(exc) if known else "\n" + traceback.format_exc()
+        log = logging.getLogger(f"diode.{spec.name}")
+        if heartbeats.opened_by(slot, os.getpid()):
+            log.error("%s" if known else "crashed:%s", said)
+        else:  # before its stage was open: the supervisor names the reason (start_failure)
+            _write_start_failure(run_dir, spec, str(exc) if known else
+                                 f"{type(exc).__name__}: {exc}")
+            log.error("failed to start: %s" if known else "failed to start:%s", said)
     finally:
         logging.shutdown()
         os._exit(code)
+
+
+def _start_failure_path(run_dir: str, spec: WorkerSpec) -> str:
+    return os.path.join(run_dir, "start-failures", f"{spec.side}-{spec.stage}-{spec.index}")
+
+
+def _write_start_failure(run_dir: str, spec: WorkerSpec, reason: str) -> None:
+    try:
+        os.makedirs(os.path.dirname(_start_failure_path(run_dir, spec)), exist_ok=True)
+        with open(_start_failure_path(run_dir, spec), "w") as f:
+            f.write(" ".join(reason.split()))  # one line
+    except OSError:
+        pass  # the supervisor names the exit code instead
+
+
+def start_failure(run_dir: str, spec: WorkerSpec) -> str:
+    """In the supervisor, after a worker exited before it had opened its stage: the one-line
+    reason it gave (and forget it), or "" when it gave none."""
+    try:
+        with open(_start_failure_path(run_dir, spec)) as f:
+            reason = f.read().strip()
+        os.unlink(_start_failure_path(run_dir, spec))
+    except OSError:
+        return ""
+    return reason
 
 
 def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherited,
@@ -253,6 +301,7 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherit
     except BaseException:
         ctx.destroy(linger=0)
         raise
+    heartbeats.opened(slot)  # the supervisor's STARTING -> RUNNING
     # What exists now (modules, clients, the topology) lives as long as the worker: the
     # collector never needs to walk it again; and it runs on a clock (GC_FULL_SECONDS).
     gc.collect()

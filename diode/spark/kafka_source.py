@@ -348,17 +348,6 @@ def _pick(spec, topic, partition, default):
     return default if o < 0 else o
 
 
-def connector_bundle():
-    """Spark's own Kafka connector, spark-sql-kafka-0-10, for the installed Spark version."""
-    import pyspark
-
-    from diode.kafka import maven
-    v = pyspark.__version__
-    return maven.Bundle(f"spark-sql-kafka-0-10_2.13-{v}",
-                        (f"org.apache.spark:spark-sql-kafka-0-10_2.13:{v}",),
-                        f"Spark's Kafka connector for Spark {v}")
-
-
 def connector_jars(mode: str) -> list[str]:
     """The jars to add to a new SparkSession for `mode`: for native, Spark's Kafka connector
     (fetched through mvn the first time); for auto, the same when it is in the cache already;
@@ -367,6 +356,7 @@ def connector_jars(mode: str) -> list[str]:
 
     import pyspark
 
+    from diode.jars import connector_bundle
     from diode.kafka import maven
     bundle = connector_bundle()
     if mode == "python" or (mode == "auto" and not maven.cached(bundle)):

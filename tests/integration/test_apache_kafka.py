@@ -227,7 +227,7 @@ def log_batches(broker, directory: str) -> list:
     import subprocess
 
     from diode.kafka import maven
-    from diode.kafka.brokers import KAFKA
+    from diode.jars import KAFKA
     files = sorted(str(f) for f in (broker.dir / "data" / directory).glob("*.log"))
     r = subprocess.run(["java", "-cp", ":".join(maven.jars(KAFKA)),
                         "kafka.tools.DumpLogSegments", "--files", ",".join(files)],

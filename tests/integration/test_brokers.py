@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from diode.kafka import maven
-from diode.kafka.brokers import KAFKA, KafkaBroker, free_port, make_broker
+from diode.jars import KAFKA
+from diode.kafka.brokers import KafkaBroker, free_port, make_broker
 from diode.errors import DiodeError
 from tests.conftest import consume, create_topic, produce
 

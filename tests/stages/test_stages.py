@@ -13,7 +13,8 @@ from diode.link import crypto, runs, wire
 from diode.runtime import transport
 from diode.runtime.metrics import Metrics
 from diode.link.records import Record, partition_owner
-from diode.runtime.topology import WorkerSpec, from_dict
+from diode.runtime.topology import from_dict
+from diode.runtime.wiring import WorkerSpec
 from diode.runtime.worker import Secrets, StageContext, stage_class
 from tests.conftest import free_port
 from stages import udp_reader

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from diode.runtime import topology
+from diode.runtime import topology, wiring
 from diode.errors import TopologyError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -278,7 +278,7 @@ def test_empty_file_is_a_topology_error(tmp_path):
 
 def test_the_demo_topology_is_valid():
     t = topology.load(ROOT / "topology.yaml", cpu_count=64)
-    assert len(topology.plan(t)) == 6
+    assert len(wiring.plan(t)) == 6
     assert [b.kind for b in t.brokers] == ["tansu", "tansu"]  # the faster start (README)
 
 
@@ -335,7 +335,7 @@ def test_plan_lists_processes_in_data_flow_order_with_instance_counts():
                                                                         "cpus": [1, 2]}}},
         receiver={"stages": {"unpacker": {"instances": 2}, "kafka_writer": {"instances": 4}}},
     ), cpu_count=4)
-    specs = topology.plan(t)
+    specs = wiring.plan(t)
     assert [(s.side, s.stage, s.index) for s in specs] == [
         ("sender", "kafka_reader", 0), ("sender", "kafka_reader", 1),
         ("sender", "packer", 0), ("sender", "packer", 1), ("sender", "packer", 2),
@@ -349,11 +349,11 @@ def test_plan_lists_processes_in_data_flow_order_with_instance_counts():
     pinned = topology.from_dict(minimal(sender={"stages": {"packer": {
         "instances": 3, "cpus": [1, 2], "pin.per.instance": True}}}), cpu_count=4)
     # one CPU each, round robin, as diode tune proposes
-    assert [s.cpus for s in topology.plan(pinned) if s.stage == "packer"] == [(1,), (2,), (1,)]
+    assert [s.cpus for s in wiring.plan(pinned) if s.stage == "packer"] == [(1,), (2,), (1,)]
     assert "sender.stages.kafka_reader.pin.per.instance: needs cpus" in problems_of(minimal(
         sender={"stages": {"kafka_reader": {"pin.per.instance": True}}}), cpu_count=4)[0]
     assert specs[2].name == "sender/packer-0"
-    receiver_only = topology.plan(t, sides=("receiver",))
+    receiver_only = wiring.plan(t, sides=("receiver",))
     assert [s.stage for s in receiver_only] == ["udp_reader", "unpacker", "unpacker",
                                                 "kafka_writer", "kafka_writer",
                                                 "kafka_writer", "kafka_writer"]
@@ -362,12 +362,11 @@ def test_plan_lists_processes_in_data_flow_order_with_instance_counts():
 def test_every_queue_a_worker_reaches_is_bound_by_exactly_one_worker():
     """The wiring (diode.runtime.wiring), which the stages open their sockets from and
     `diode check` prints: nothing dangles, nothing is bound twice, whatever the counts."""
-    from diode.runtime import wiring
     t = topology.from_dict(minimal(
         sender={"stages": {"kafka_reader": {"instances": 2}, "packer": {"instances": 3}}},
         receiver={"stages": {"unpacker": {"instances": 2}, "kafka_writer": {"instances": 4}}},
     ), cpu_count=4)
-    specs = topology.plan(t)
+    specs = wiring.plan(t)
     bound = [e for s in specs for e in (wiring.bound("/run", s, p)
                                         for p in wiring.QUEUES[s.stage][0])]
     assert len(bound) == len(set(bound)) == len(specs)
@@ -384,12 +383,12 @@ def test_every_queue_a_worker_reaches_is_bound_by_exactly_one_worker():
 
 
 def test_endpoints_are_distinct_per_process_and_purpose():
-    eps = {topology.endpoint("/run", side, stage, i, purpose)
+    eps = {wiring.endpoint("/run", side, stage, i, purpose)
            for side, stages in topology.PIPELINES.items() for stage in stages
            for i in range(3) for purpose in ("in", "acks")}
     assert len(eps) == 2 * 3 * 3 * 2
-    assert topology.endpoint("/run", "sender", "packer", 1) == "ipc:///run/sender-packer-1.in"
-    assert topology.endpoint("inproc", "sender", "packer", 1).startswith("inproc://")
+    assert wiring.endpoint("/run", "sender", "packer", 1) == "ipc:///run/sender-packer-1.in"
+    assert wiring.endpoint("inproc", "sender", "packer", 1).startswith("inproc://")
 
 
 # -- reference -----------------------------------------------------------------------------------
