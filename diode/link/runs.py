@@ -97,7 +97,7 @@ def header_columns(lists) -> tuple | None:
         values = [v.encode() if isinstance(v, str) else v for v in values]
         block = b"".join(filter(None, values))
     return (array("i", [0 if hs is None else len(hs) for hs in lists]),
-            array("i", map(len, names)), _lens(values), b"".join(names), block)
+            array("i", list(map(len, names))), _lens(values), b"".join(names), block)
 
 
 def encode(topic: str, partition: int, partition_count: int, prev: int, offsets: array,
