@@ -54,7 +54,7 @@ from diode.runtime import checkpoints, statedir, transport
 from diode.kafka import identity, recovery
 from diode.errors import DiodeError, RejectedDatagram
 from diode.kafka.clients import (admin_config, client_settings, create_topic,
-                                 partition_counts, produce_run, producer_config)
+                                 partition_counts, produce_run, producer_config, record_headers)
 from diode.accounting import tickets
 from diode.accounting.ordering import PartitionState, SourcePartition
 from diode.accounting.ranges import merge
@@ -602,9 +602,6 @@ class Stage(BaseStage):
             if source.retired:
                 source.prune()
         self._report_fills()
-        states = [s for _, s in self._all_states()]
-        self.metrics.set("duplicates", sum(s.duplicates for s in states))
-        self.metrics.set("pending_records", sum(s.pending_records for s in states))
         # On the reader's clock too: a pipeline held up by the destination is not a silent link.
         if self.last_beat is not None:
             self.metrics.set("link_heartbeat_age_seconds", round(clock - self.last_beat, 3))
@@ -624,6 +621,14 @@ class Stage(BaseStage):
         self.metrics.set("missing_records_last_hour", sum(n for _, n in self.recent_missing))
         self._export_source_state()
         self._export_tickets()
+        self._export_held()
+
+    def _export_held(self) -> None:
+        """Duplicates dropped and records waiting, over every partition: a pass over them all,
+        so once a second (sample_metrics) and at the end, not at every expiry."""
+        states = [s for _, s in self._all_states()]
+        self.metrics.set("duplicates", sum(s.duplicates for s in states))
+        self.metrics.set("pending_records", sum(s.pending_records for s in states))
 
     def _source(self, state: dict) -> None:
         """A reader's look at its source: the partitions this writer owns, newest look kept."""
@@ -800,7 +805,9 @@ class Stage(BaseStage):
     def _produce_backlog(self):
         """Produce waiting runs in order. A destination topic not writable yet keeps its runs
         (in their order) without holding up other topics'; one that will never be writable
-        sends them to the dead-letter topic."""
+        sends them to the dead-letter topic. A run's columns and header lists are built when
+        its first record is offered, once: its written-at stamp is that time, as it is for the
+        records waiting in the producer's queue."""
         if self.events_first:
             if self._flush_events(FLUSH_SECONDS):
                 self.producer.poll(0.05)  # (the missing-records topic is slow or down)
@@ -827,14 +834,18 @@ class Stage(BaseStage):
                 blocked.add(topic)
                 kept.append(entry)
                 continue
-            if entry[2] is None:
-                entry[2] = (run.key_list(), run.value_list(), run.header_lists())
+            if entry[2] is None:  # (once a run: a full queue's retry resumes where it stopped)
+                own = run.header_lists()
+                entry[2] = (run.key_list(), run.value_list(), own, record_headers(
+                    run, own, [*written_at, *entry[3]] if entry[3] else written_at))
             partition = run.partition if run.partition < self.dest_partitions[topic] else -1
-            done = produce_run(self.producer, topic, partition, run, entry[2], entry[1],
-                               [*written_at, *entry[3]] if entry[3] else written_at)
+            keys, values, _, headers = entry[2]
+            done = produce_run(self.producer, topic, partition, run, keys, values, headers,
+                               entry[1])
             if done > entry[1] and run.types[entry[1]]:  # one sample a run: its oldest record
                 self.latency_marks.append((self.produced + 1, run.timestamps[entry[1]]))
-            self.sent.append((topic, run, entry[2]))
+            if entry[1] == 0 < done:  # (once a run, not at every retry; without its headers)
+                self.sent.append((topic, run, entry[2][:3]))
             self.produced += done - entry[1]
             self.backlog_records -= done - entry[1]
             if done < len(run):  # the producer's queue is full: the rest waits, in order
@@ -967,6 +978,7 @@ class Stage(BaseStage):
                            if self.durable else "")
 
     def close(self):
+        self._export_held()  # (the last metrics are written after close)
         self.producer.flush(1)
         if self.events is not None:
             self.events.flush(1)

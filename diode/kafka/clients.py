@@ -1,6 +1,7 @@
 """Kafka client settings and topic discovery, shared by the stages that talk to Kafka."""
 
 import re
+from itertools import islice
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import NewTopic
@@ -103,37 +104,37 @@ def create_topic(admin, topic: str, partitions: int, timeout: float = 15.0) -> b
         raise
 
 
-def produce_run(producer, topic: str, partition: int, run, columns, start: int = 0,
-                written_at=()) -> int:
-    """Produce a run's records (diode.link.runs) from index `start` with their provenance headers
-    (sourceTopic, sourcePartition, sourceOffset as Confluent's connector writes them, and
-    sourceTopicId: the incarnation, diode.kafka.identity) and `written_at` to `topic`,
-    `partition` (-1: the partitioner's choice). `columns` is
-    (keys, values, own headers) as the run's key_list, value_list and header_lists give them.
-    Returns the index reached: short of the end when the producer's queue is full. The
-    per-record work is the produce call and its header list, both built in comprehensions
-    rather than a loop body: the kafka_writer's hot path, and what `diode check` measures."""
-    keys, values, own = columns
+def record_headers(run, own, extra=()) -> list:
+    """Each record's headers as produced: its own (`own`, as the run's header_lists gives them,
+    or None), the provenance (sourceTopic, sourcePartition, sourceOffset as Confluent's
+    connector writes them, and sourceTopicId: the incarnation, diode.kafka.identity), then
+    `extra`. One list per record, built in one display (no concatenations)."""
     st, sp = ("sourceTopic", run.topic.encode()), ("sourcePartition", b"%d" % run.partition)
     si = ("sourceTopicId", identity.text(run.incarnation).encode())
-    offsets = run.offsets[start:]
-    # one list per record, built in one display (no concatenations)
     if own is None:
-        headers = [[st, sp, ("sourceOffset", b"%d" % o), si, *written_at] for o in offsets]
-    else:
-        headers = [[*mine, st, sp, ("sourceOffset", b"%d" % o), si, *written_at]
-                   for mine, o in zip(own[start:], offsets)]
+        return [[st, sp, ("sourceOffset", b"%d" % o), si, *extra] for o in run.offsets]
+    return [[*mine, st, sp, ("sourceOffset", b"%d" % o), si, *extra]
+            for mine, o in zip(own, run.offsets)]
+
+
+def produce_run(producer, topic: str, partition: int, run, keys: list, values: list,
+                headers: list, start: int = 0) -> int:
+    """Produce a run's records (diode.link.runs) from index `start` to `topic`, `partition` (-1:
+    the partitioner's choice): `keys` and `values` as the run's key_list and value_list give
+    them, `headers` as record_headers makes them. Returns the index reached: short of the end
+    when the producer's queue is full, and the next call resumes there (the columns are built
+    once per run, not per attempt). The per-record work is the produce call alone: the
+    kafka_writer's hot path, and what `diode check` measures."""
     produce = producer.produce
     done = start
+    columns = (islice(c, start, None) for c in (values, keys, headers, run.timestamps))
     try:
         if run.types.count(0) == 0:  # every record has its timestamp: the common case
-            for v, k, h, ts in zip(values[start:], keys[start:], headers,
-                                   run.timestamps[start:]):
+            for v, k, h, ts in zip(*columns):
                 produce(topic, v, k, partition, timestamp=ts, headers=h)
                 done += 1
         else:
-            for v, k, h, ts, ty in zip(values[start:], keys[start:], headers,
-                                       run.timestamps[start:], run.types[start:]):
+            for v, k, h, ts, ty in zip(*columns, islice(run.types, start, None)):
                 if ty:
                     produce(topic, v, k, partition, timestamp=ts, headers=h)
                 else:

@@ -23,11 +23,13 @@ columns costs ~7 µs more per run than this header, Arrow IPC ~18 µs and ~700 b
 per run; per-record Avro arrays cost ~1 µs per record. fastavro keeps the heartbeats.
 """
 
+import io
 import struct
 import sys
 from array import array
-from itertools import accumulate, chain, repeat
-from operator import add, itemgetter
+from functools import lru_cache
+from itertools import accumulate, chain, compress, repeat
+from operator import add, is_, itemgetter, lt, sub
 
 from diode.errors import RejectedDatagram
 from diode.link.records import NO_INCARNATION, RESEND, Record
@@ -49,32 +51,53 @@ def _le(a: array) -> array:
     return a
 
 
+_NULLS = array("i", [-1])
+
+
 def _lens(items) -> array:
+    """Each item's length, -1 for None. Null keys (Kafka's default) in one C call."""
+    if items and items[0] is None and items.count(None) == len(items):
+        return _NULLS * len(items)
     return array("i", [-1 if x is None else len(x) for x in items])
+
+
+MAX_NAMES = 4096  # header names kept encoded and decoded (few, and repeated on every record)
+_encoded: dict = {}  # header name as given (str or bytes) -> its bytes
+_names: dict = {}  # header name's bytes -> str
+
+
+def _cached(cache: dict, convert, keys: list) -> list:
+    """Each key through `cache`, looked up in C; `convert` only for a key not seen before
+    (kept while the cache holds fewer than MAX_NAMES)."""
+    out = list(map(cache.get, keys))
+    if None in out:
+        for i in compress(range(len(out)), map(is_, out, repeat(None))):
+            out[i] = converted = convert(keys[i])
+            if len(cache) < MAX_NAMES:
+                cache[keys[i]] = converted
+    return out
+
+
+def _name_bytes(name) -> bytes:
+    return name.encode() if isinstance(name, str) else bytes(name)
 
 
 def header_columns(lists) -> tuple | None:
     """Each record's headers (a list of (name, value) or None) as columns: (counts, name
-    lengths, value lengths, names, values); None when no record has any."""
+    lengths, value lengths, names, values); None when no record has any. Each name is encoded
+    once per process, not once per record."""
     if not any(lists):
         return None
-    flat = [h for hs in lists if hs for h in hs]
-    names = [n.encode() if isinstance(n, str) else bytes(n) for n, _ in flat]
-    values = [v.encode() if isinstance(v, str) else v for _, v in flat]
-    return (array("i", [len(hs) if hs else 0 for hs in lists]), array("i", map(len, names)),
-            _lens(values), b"".join(names), b"".join(filter(None, values)))
-
-
-_names: dict = {}  # header names seen, bytes -> str (few, and repeated on every record)
-
-
-def _name(raw: bytes) -> str:
-    name = _names.get(raw)
-    if name is None:
-        name = raw.decode()
-        if len(_names) < 4096:
-            _names[raw] = name
-    return name
+    flat = list(chain.from_iterable(filter(None, lists)))
+    names = _cached(_encoded, _name_bytes, list(map(itemgetter(0), flat)))
+    values = list(map(itemgetter(1), flat))
+    try:
+        block = b"".join(filter(None, values))
+    except TypeError:  # a value given as str (tests, tools): as UTF-8
+        values = [v.encode() if isinstance(v, str) else v for v in values]
+        block = b"".join(filter(None, values))
+    return (array("i", [0 if hs is None else len(hs) for hs in lists]),
+            array("i", list(map(len, names))), _lens(values), b"".join(names), block)
 
 
 def encode(topic: str, partition: int, partition_count: int, prev: int, offsets: array,
@@ -252,8 +275,7 @@ class Run:
             for lens, block in ((key_lens, kb), (value_lens, vb)):
                 if min(lens) < -1 or sum(lens) + lens.count(-1) != block:
                     raise ValueError("lengths do not match their block")
-            if not trusted and (offsets[0] <= prev or
-                                any(a >= b for a, b in zip(offsets, offsets[1:]))):
+            if not trusted and (offsets[0] <= prev or not _increasing(offsets)):
                 raise ValueError("offsets do not increase")
             keys = buf[pos:pos + kb]
             values = buf[pos + kb:pos + kb + vb]
@@ -297,15 +319,20 @@ class Run:
         return _slices(self.values, self.value_lens)
 
     def header_lists(self) -> list | None:
-        """Each record's own headers as a list of (name, value), or None when the run has
-        none. Column by column: no parsing per record."""
+        """Each record's own headers as a sequence of (name, value), or None when the run has
+        none. Column by column: no parsing per record (each name decoded once per process)."""
         if self.headers is None:
             return None
         if self._own is None:
             counts, name_lens, value_lens, names, values = self.headers
-            flat = list(zip(map(_name, _slices(names, name_lens)), _slices(values, value_lens)))
-            at = _positions(counts)
-            self._own = [flat[a:b] for a, b in zip(at, at[1:])]
+            flat = list(zip(_cached(_names, bytes.decode, _slices(names, name_lens)),
+                            _slices(values, value_lens)))
+            each = counts[0]
+            if each and counts.count(each) == len(counts):  # as many on every record: in C
+                self._own = list(zip(*[iter(flat)] * each))
+            else:
+                at = _positions(counts)
+                self._own = [flat[a:b] for a, b in zip(at, at[1:])]
         return self._own
 
     def take(self, indices) -> "Run":
@@ -396,20 +423,16 @@ class Run:
                       self.values, self.headers, self.incarnation)
 
     def record_sizes(self) -> list:
-        """Each record's share of the encoding, in bytes."""
-        if -1 in self.key_lens or -1 in self.value_lens:
-            sizes = [FIXED_PER_RECORD + max(k, 0) + max(v, 0)
-                     for k, v in zip(self.key_lens, self.value_lens)]
-        else:  # no nulls: without a Python loop
-            sizes = list(map(add, map(add, self.key_lens, self.value_lens),
-                             repeat(FIXED_PER_RECORD)))
-        if self.headers is not None:
-            counts, name_lens, value_lens, _, _ = self.headers
-            # per header: its two lengths and its bytes; per record: its count
-            ends = [0, *accumulate(8 + n + max(v, 0) for n, v in zip(name_lens, value_lens))]
-            at = _positions(counts)
-            sizes = [s + 4 + ends[b] - ends[a] for s, a, b in zip(sizes, at, at[1:])]
-        return sizes
+        """Each record's share of the encoding, in bytes (column by column, nulls or not)."""
+        sizes = map(add, map(add, _bytes(self.key_lens), _bytes(self.value_lens)),
+                    repeat(FIXED_PER_RECORD))
+        if self.headers is None:
+            return list(sizes)
+        counts, name_lens, value_lens, _, _ = self.headers
+        # per header: its two lengths and its bytes; per record: its count
+        ends = [0, *accumulate(map(add, map(add, name_lens, _bytes(value_lens)), repeat(8)))]
+        at = list(map(ends.__getitem__, _positions(counts)))  # header bytes before each record
+        return list(map(add, map(add, sizes, map(sub, at[1:], at)), repeat(4)))
 
     def records(self) -> list:
         """The run as Records (tests and rare paths only: this is per-record work)."""
@@ -421,24 +444,53 @@ class Run:
                                                 prevs)]
 
 
+def _bytes(lens):
+    """The bytes each item takes in its block (a sequence): its length, 0 for a null (-1). In
+    C: a run of null keys (Kafka's default) or one with a few tombstones takes no Python loop."""
+    nulls = lens.count(-1)
+    if not nulls:
+        return lens
+    if nulls == len(lens):
+        return bytes(nulls)
+    return list(map(add, lens, map((-1).__eq__, lens)))  # (-1 + True is 0)
+
+
 def _positions(lens) -> list:
     """Start of each item in its block, plus the end: [0, l0, l0+l1, ...] (-1 counts 0)."""
-    if -1 not in lens:
-        return [0, *accumulate(lens)]
-    return [0, *accumulate(max(x, 0) for x in lens)]
+    return [0, *accumulate(_bytes(lens))]
 
 
 def _slices(block, lens) -> list:
-    """The items of a block, None where the length is -1."""
-    b = bytes(block)
-    if -1 not in lens:  # the common case, without a Python loop
-        pos = [0, *accumulate(lens)]
-        return [b[p:q] for p, q in zip(pos, pos[1:])]
-    out, pos = [], 0
-    for n in lens:
-        if n < 0:
-            out.append(None)
-        else:
-            out.append(b[pos:pos + n])
-            pos += n
-    return out
+    """The items of a block, None where the length is -1. Every item null (keys, by Kafka's
+    default) or none: in C. Some null (tombstones among values): a comprehension, which
+    CPython runs faster than marking the nulls column by column would (measured)."""
+    n, nulls = len(lens), lens.count(-1)
+    if nulls == n:
+        return [None] * n
+    read = io.BytesIO(block).read
+    if not nulls:
+        return list(map(read, lens))
+    return [None if x < 0 else read(x) for x in lens]
+
+
+@lru_cache(maxsize=64)
+def _lanes(n: int) -> tuple[int, int]:
+    """(1, 1, ..., 1) and (0, 1, ..., n-1) as integers of n 64-bit lanes in native order."""
+    return (int.from_bytes(array("q", [1]) * n, sys.byteorder),
+            int.from_bytes(array("q", range(n)), sys.byteorder))
+
+
+MAX_LANES = 4096  # runs of up to this many records have their offsets checked at once
+
+
+def _increasing(offsets: array) -> bool:
+    """Whether offsets rise strictly. Consecutive ones (every topic but a compacted or
+    transactional one) in one comparison: the column read as one integer of 64-bit lanes is
+    first * (1, ..., 1) + (0, 1, ..., n-1), and no lane carries into the next while every
+    offset lies in [0, 2^63). Others record by record, in C."""
+    n, first = len(offsets), offsets[0]
+    if n <= MAX_LANES and first >= 0 and offsets[-1] - first == n - 1:
+        ones, ramp = _lanes(n)
+        if (first * ones + ramp).to_bytes(8 * n, sys.byteorder) == offsets.tobytes():
+            return True
+    return all(map(lt, offsets, offsets[1:]))

@@ -29,7 +29,7 @@ from confluent_kafka import Producer
 from diode.link import codec, crypto, runs, wire
 from diode.link.batching import DatagramBuilder
 from diode.runtime.journal import Journal
-from diode.kafka.clients import produce_run
+from diode.kafka.clients import produce_run, record_headers
 from diode.accounting.ordering import PartitionState
 from diode.link.records import Record
 
@@ -166,8 +166,8 @@ def measure_receiver(t, record_bytes: int = 1024, datagrams: int = 400) -> Recei
                 writes = state.offer(run, 0.0).writes
                 assert writes, "the measurement's chains are in order"
                 for w in writes:  # the kafka_writer's own produce call
-                    produce_run(producer, "capacity", w.partition, w,
-                                (w.key_list(), w.value_list(), w.header_lists()))
+                    produce_run(producer, "capacity", w.partition, w, w.key_list(),
+                                w.value_list(), record_headers(w, w.header_lists()))
     try:
         cost["kafka_writer"] = _cpu(write)
     finally:

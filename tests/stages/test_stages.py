@@ -9,10 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 import zmq
 
+from diode.kafka import identity
 from diode.link import crypto, runs, wire
 from diode.runtime import transport
 from diode.runtime.metrics import Metrics
-from diode.link.records import Record, partition_owner
+from diode.link.records import NO_INCARNATION, Record, partition_owner
 from diode.runtime.topology import from_dict
 from diode.runtime.wiring import WorkerSpec
 from diode.runtime.worker import Secrets, StageContext, stage_class
@@ -367,4 +368,57 @@ def test_writer_counts_and_drops_runs_it_cannot_decode_or_does_not_own(zctx):
     assert w.metrics.get("rejects", reason="decode_failed") == 2
     # the good run waits for its destination (there is none to read or write here)
     assert w.produced == 0 and w.backlog_records == 3
+    w.close()
+
+
+class FillingProducer:
+    """A producer whose queue holds `room` records and sends `per_poll` of them at each poll:
+    produce raises BufferError while it is full, as librdkafka's does."""
+
+    def __init__(self, room, per_poll):
+        self.room, self.per_poll, self.queued, self.sent = room, per_poll, 0, []
+
+    def produce(self, topic, value=None, key=None, partition=-1, timestamp=None, headers=None):
+        if self.queued >= self.room:
+            raise BufferError("Local: Queue full")
+        self.queued += 1
+        self.sent.append((topic, partition, key, value, timestamp, headers))
+
+    def poll(self, timeout=0):
+        self.queued = max(0, self.queued - self.per_poll)
+        return 0
+
+    def flush(self, timeout=None):
+        self.queued = 0
+        return 0
+
+    def __len__(self):
+        return self.queued
+
+
+@pytest.mark.parametrize("room, per_poll", [(1000, 1000), (7, 3), (1, 1)])
+def test_writer_resumes_a_run_where_a_full_queue_stopped_it(zctx, room, per_poll):
+    """Each record once, in order, with its own headers and provenance, however often the
+    producer's queue fills in the middle of a run (null keys, a tombstone, one partly
+    produced already)."""
+    w = make_stage(zctx, topology(kafka_writer=1), "receiver", "kafka_writer")
+    w.producer.flush(0)
+    w.producer = FillingProducer(room, per_poll)
+    w.dest_partitions["t"] = 8
+    recs = [Record("t", 0, i, 1000 + i, 1, None, None if i == 5 else b"v%d" % i,
+                   (("h", b"%d" % i),) if i % 3 else (), i - 1) for i in range(40)]
+    for a, b in ((0, 13), (13, 14), (14, 40)):
+        w.backlog.append([runs.Run.decode(runs.from_records(recs[a:b], 8)), 0, None, ()])
+        w.backlog_records += b - a
+    run_until(w, lambda: not w.backlog)
+    sent = w.producer.sent
+    assert [(t, p, k, v, ts) for t, p, k, v, ts, _ in sent] == \
+        [("t", 0, r.key, r.value, r.timestamp) for r in recs]
+    for (*_, headers), r in zip(sent, recs):
+        own, provenance, stamp = headers[:len(r.headers)], headers[len(r.headers):-1], headers[-1]
+        assert tuple(own) == r.headers and stamp[0] == "writtenAt"
+        assert dict(provenance) == {"sourceTopic": b"t", "sourcePartition": b"0",
+                                    "sourceOffset": b"%d" % r.offset,
+                                    "sourceTopicId": identity.text(NO_INCARNATION).encode()}
+    assert w.produced == 40 and w.backlog_records == 0
     w.close()

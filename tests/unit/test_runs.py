@@ -1,6 +1,8 @@
 """diode.link.runs: records of one partition as columns, exactly as they cross the link."""
 
 import os
+import struct
+from array import array
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -165,3 +167,129 @@ def test_joining_the_pieces_of_a_run_gives_it_back(recs, data):
     whole = runs.Run.join(pieces)
     assert whole.records() == recs and whole.prev == run.prev
     assert whole.encode() == run.encode()
+
+
+# -- nulls, the offset check and header names, column by column --------------------------------
+
+def test_a_run_of_null_keys_and_a_tombstone_is_the_documented_bytes():
+    """The wire format of docs/wire-format.md, built here by hand: null keys (Kafka's default)
+    and a tombstone are -1 lengths and take no bytes in their blocks."""
+    recs = [Record("t", 2, 7, 100, 1, None, b"ab", (), -1),
+            Record("t", 2, 8, 101, 1, None, None, (), 7),
+            Record("t", 2, 9, 102, 0, b"k", b"", (), 8)]
+    body = (b"t" + struct.pack("<3q", 7, 8, 9) + struct.pack("<3q", 100, 101, 102) +
+            bytes([1, 1, 0]) + struct.pack("<3i", -1, -1, 1) + struct.pack("<3i", 2, -1, 0) +
+            b"k" + b"ab")
+    head = runs.HEADER.pack(runs.HEADER_BYTES + len(body), 1, 0, 2, 3, 3, -1, 1, 2, 0,
+                            runs.NO_INCARNATION)
+    assert runs.from_records(recs, 3) == head + body
+    run = runs.Run.decode(head + body)
+    assert run.records() == recs
+    assert run.key_list() == [None, None, b"k"] and run.value_list() == [b"ab", None, b""]
+    assert run.record_sizes() == [runs.FIXED_PER_RECORD + 2, runs.FIXED_PER_RECORD,
+                                  runs.FIXED_PER_RECORD + 1]
+
+
+nulls = st.sampled_from(["none", "all", "some"])
+
+
+@st.composite
+def null_runs(draw):
+    """Records whose keys, values and header values are all null, none null, or some: each
+    way the columns are read."""
+    n = draw(st.integers(1, 40))
+
+    def column(kind):
+        if kind == "all":
+            return [None] * n
+        items = draw(st.lists(st.binary(max_size=30), min_size=n, max_size=n))
+        if kind == "some":
+            for i in draw(st.sets(st.integers(0, n - 1), min_size=1)):
+                items[i] = None
+        return items
+
+    keys, values = column(draw(nulls)), column(draw(nulls))
+    per_record = draw(st.sampled_from([0, 1, 2, None]))  # headers on each record (None: any)
+    hvalues = iter(column(draw(nulls)) * 4)
+    out = []
+    for i in range(n):
+        count = per_record if per_record is not None else draw(st.integers(0, 3))
+        hs = tuple((draw(st.sampled_from(["a", "b\u00fc", ""])), next(hvalues, None))
+                   for _ in range(count))
+        out.append(Record("t", 1, 50 + i, i, 1, keys[i], values[i], hs, 49 + i if i else -1))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(null_runs(), st.data())
+def test_nulls_cross_each_way_and_keep_their_sizes(recs, data):
+    encoded = runs.from_records(recs)
+    run = runs.Run.decode(encoded)
+    assert run.records() == recs
+    assert run.key_list() == [r.key for r in recs]
+    assert run.value_list() == [r.value for r in recs]
+    sizes = run.record_sizes()
+    assert sizes == [runs.FIXED_PER_RECORD + len(r.key or b"") + len(r.value or b"") +
+                     (4 + sum(8 + len(n.encode()) + len(v or b"") for n, v in r.headers)
+                      if run.headers is not None else 0) for r in recs]
+    assert len(encoded) == runs.HEADER_BYTES + 1 + sum(sizes)
+    i = data.draw(st.integers(0, len(recs) - 1))
+    j = data.draw(st.integers(i + 1, len(recs)))
+    part = run.take(range(i, j))  # (as the packer cuts a run at a datagram's end)
+    assert part.records() == recs[i:j]
+    assert runs.Run.decode(part.encode()).records() == recs[i:j]
+
+
+def test_null_keys_from_the_reader_are_the_same_run_as_from_records():
+    """confluent_kafka's own Messages, as the kafka_reader gets them."""
+    from confluent_kafka import Message
+    recs = [Record("t", 0, o, 100 + o, 1, None, None if o == 3 else b"v%d" % o,
+                   (("h", b"x"), ("h", None)) if o % 2 else (), o - 1) for o in range(8)]
+    msgs = [Message(topic=r.topic, partition=0, offset=r.offset, key=r.key, value=r.value,
+                    headers=list(r.headers) or None, timestamp=(1, r.timestamp))
+            for r in recs]
+    assert runs.from_messages("t", 0, 1, -1, msgs) == runs.from_records(recs)
+
+
+def _with_offsets(offsets: list, prev: int = -1) -> bytes:
+    n = len(offsets)
+    return runs.encode("t", 0, 1, prev, array("q", offsets), array("q", [0] * n), bytes(n),
+                       array("i", [-1] * n), array("i", [1] * n), b"", b"v" * n)
+
+
+def test_a_run_whose_offsets_do_not_rise_is_refused():
+    """One out of order among consecutive ones (first and last as a consecutive run's), one
+    repeated, one going back: each refused, as a run from a broken sender must be."""
+    for offsets in ([5, 7, 6, 8], [5, 6, 6, 7], [5, 6, 7, 4], [0, 2, 1, 3, 4, 5, 6, 7] * 2,
+                    [2**63 - 3, 2**63 - 1, 2**63 - 2]):
+        with pytest.raises(RejectedDatagram) as exc:
+            runs.Run.decode(_with_offsets(offsets))
+        assert "offsets do not increase" in str(exc.value)
+    with pytest.raises(RejectedDatagram):
+        runs.Run.decode(_with_offsets([5, 6], prev=5))  # not after the run's predecessor
+    for offsets in ([5, 6, 7, 8], [5, 9, 10], [0], [2**63 - 3, 2**63 - 2, 2**63 - 1],
+                    list(range(10, 10 + runs.MAX_LANES + 1))):
+        assert list(runs.Run.decode(_with_offsets(offsets)).offsets) == offsets
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-1, 40), min_size=1, max_size=20), st.sampled_from([-2, -1, 3]))
+def test_a_run_is_accepted_exactly_when_its_offsets_rise_after_prev(offsets, prev):
+    rise = offsets[0] > prev and all(a < b for a, b in zip(offsets, offsets[1:]))
+    try:
+        runs.Run.decode(_with_offsets(offsets, prev))
+        accepted = True
+    except RejectedDatagram:
+        accepted = False
+    assert accepted == rise
+
+
+def test_header_names_are_encoded_once_and_the_cache_stays_bounded():
+    many = [[(f"name-{i}", b"v")] for i in range(runs.MAX_NAMES + 50)]
+    counts, name_lens, _, names, _ = runs.header_columns(many)
+    assert names == b"".join(f"name-{i}".encode() for i in range(runs.MAX_NAMES + 50))
+    assert list(counts) == [1] * len(many)
+    assert len(runs._encoded) <= runs.MAX_NAMES
+    # bytes names, and values given as str (tools), are taken too
+    assert runs.header_columns([[(b"n", "\u00fc")], None]) == \
+        runs.header_columns([[("n", "\u00fc".encode())], []])
