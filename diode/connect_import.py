@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from diode.errors import DiodeError
+from diode.runtime import files
 from diode.runtime.topology import SECRET_KAFKA_KEYS
 
 SINK, SOURCE = "sink", "source"
@@ -818,25 +819,10 @@ def write_secret(path: Path, secret: str, force: bool) -> str:
                                   "replace it, or --password-file another path")
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _replace(path, secret.encode() + b"\n", 0o600)
+        files.replace(path, secret + "\n", sync=False, mode=0o600)
     except OSError as exc:
         raise PropertiesError(f"cannot write the password file {path}: {exc.strerror}") from None
     return "written"
-
-
-def _replace(path: Path, data: bytes, mode: int) -> None:
-    """Write a new file with `mode` beside `path` and rename it over `path`: readers never see
-    half a file, and a secret never sits in a file with looser permissions."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _wrap(text: str, hang: str) -> str:
@@ -884,7 +870,7 @@ def run(args, stdout=None, stderr=None) -> int:
         print(f"password: not written; put it in {secret_path} (mode 0600)", file=stderr)
     if args.output:
         try:
-            _replace(Path(args.output), text.encode(), 0o644)
+            files.replace(args.output, text, sync=False, mode=0o644)
         except OSError as exc:
             raise PropertiesError(f"cannot write {args.output}: {exc.strerror}") from None
         print(f"topology: written to {args.output}", file=stderr)

@@ -29,13 +29,7 @@ RATE_OF = {"kafka_reader": "records", "packer": "datagrams", "udp_sender": "data
 
 def _texts(entry: dict, topology) -> list[str]:
     """The launch's metrics as Prometheus text: its workers' textfiles, else its endpoints."""
-    files = sorted(Path(entry["run_dir"], "metrics").glob("*.prom"))
-    texts = []
-    for f in files:
-        try:
-            texts.append(f.read_text())
-        except OSError:
-            pass
+    texts = list(launches.worker_metrics(entry["run_dir"]).values())
     if texts or topology is None:
         return texts
     for side in entry["sides"]:

@@ -4,9 +4,7 @@ that report is. Run by ./scripts/link-figures (not a test: the tests assert the 
 
 import argparse
 import json
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -17,8 +15,9 @@ import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from diode.kafka.brokers import EmbeddedBroker, free_port
+from diode.kafka.brokers import free_port, make_broker
 from diode.link.linksim import Faults, FaultSettings, LinkSim
+from diode.runtime.launches import Launch
 
 SCENARIOS = [
     ("5 % loss, no repair", FaultSettings(loss=0.05, seed=11), {}),
@@ -75,8 +74,8 @@ def run(name, faults, link, records: int, partitions: int = 2) -> dict:
         work = Path(tmp)
         (work / "password").write_text("figures\n")
         (work / "password").chmod(0o600)
-        src = EmbeddedBroker("source", f"127.0.0.1:{free_port()}").start()
-        dst = EmbeddedBroker("destination", f"127.0.0.1:{free_port()}").start()
+        src = make_broker("tansu", "source", f"127.0.0.1:{free_port()}").start()
+        dst = make_broker("tansu", "destination", f"127.0.0.1:{free_port()}").start()
         procs, stop = [], threading.Event()
         try:
             rport = free_port(socket.SOCK_DGRAM)
@@ -84,10 +83,7 @@ def run(name, faults, link, records: int, partitions: int = 2) -> dict:
             sim_thread = threading.Thread(target=sim.run, args=(stop.is_set,), daemon=True)
             sim_thread.start()
             for side, port in (("receiver", rport), ("sender", sim.port)):
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "diode", "launch",
-                     str(topology(work, side, src, dst, port, link)), "--side", side],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                procs.append(Launch(topology(work, side, src, dst, port, link), side).start())
             admin = AdminClient({"bootstrap.servers": src.bootstrap})
             admin.create_topics([NewTopic("src", partitions)])["src"].result(10)
             p = Producer({"bootstrap.servers": src.bootstrap, "linger.ms": 5})
@@ -100,8 +96,7 @@ def run(name, faults, link, records: int, partitions: int = 2) -> dict:
             events = [json.loads(m.value()) for m in read_all(dst.bootstrap, "missing", 1.0)]
         finally:
             for proc in reversed(procs):
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(30)
+                proc.stop(timeout=30)
             stop.set()
             src.stop()
             dst.stop()

@@ -5,14 +5,10 @@ docs/design.md §8, so consumers read until they have what they expect)."""
 
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -102,67 +98,27 @@ def write_topology(tmp_path, source: str, destination: str, **overrides) -> Path
     return path
 
 
-class Launched:
-    """`diode launch` in a subprocess, with its run directory for metrics; `where`: what to run
-    it under (`ip netns exec NAME`, for the receiving host of the test bed)."""
+class Launched(launches.Launch):
+    """`diode launch` in a subprocess (diode.runtime.launches), started at once, with its run
+    directory for metrics and its output in `launch-<side>.log` beside it (a restart adds to
+    it); `where`: what to run it under (`ip netns exec NAME`, for the receiving host of the
+    test bed); `args`: more arguments of `diode launch`. A wait that fails is an
+    AssertionError with the launch's output."""
 
-    def __init__(self, topology: Path, run_dir: Path, side: str = "both", where=()):
-        self.run_dir = run_dir
-        self.log = open(run_dir.parent / f"launch-{side}.log", "ab")  # (a restart adds to it)
-        self.proc = subprocess.Popen(
-            [*where, sys.executable, "-m", "diode", "launch", str(topology), "--side", side,
-             "--run-dir", str(run_dir)], stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-        self.ps = psutil.Process(self.proc.pid)
+    def __init__(self, topology: Path, run_dir: Path, side: str = "both", where=(), args=()):
+        super().__init__(topology, side, run_dir, run_dir.parent / f"launch-{side}.log",
+                         cwd=ROOT, where=where, args=args)
+        self.start()
 
-    def workers(self) -> dict:
-        """Process title ("sender/packer-0") -> psutil.Process of every live worker."""
-        return launches.workers_of(self.ps)
-
-    def wait_workers(self, count: int, timeout: float = 30) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"diode exited early:\n{self.output()}"
-            w = self.workers()
-            if len(w) >= count:
-                return w
-            time.sleep(0.1)
-        raise AssertionError(f"only {self.workers()} started:\n{self.output()}")
-
-    def wait_ready(self, count: int, timeout: float = 30) -> None:
-        """Until `count` workers have opened their sockets and clients (each writes its metrics
-        file after its first step)."""
-        deadline = time.monotonic() + timeout
-        while len(list((self.run_dir / "metrics").glob("*.prom"))) < count:
-            assert self.proc.poll() is None, f"diode exited early:\n{self.output()}"
-            assert time.monotonic() < deadline, f"workers not ready:\n{self.output()}"
-            time.sleep(0.05)
+    def failure(self, what: str) -> Exception:
+        return AssertionError(f"diode {what}:\n{self.output()}")
 
     def metric(self, name: str, stage: str, **labels) -> float:
-        total = 0.0
-        for f in (self.run_dir / "metrics").glob(f"*-{stage}-*.prom"):
-            total += read_counter(f.read_text(), name, **labels)
-        return total
+        return sum(read_counter(text, name, **labels)
+                   for text in launches.worker_metrics(self.run_dir, stage).values())
 
     def output(self) -> str:
-        if not self.log.closed:
-            self.log.flush()
-        return (self.run_dir.parent / Path(self.log.name).name).read_text(errors="replace")
-
-    def stop(self, sig=signal.SIGTERM, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self.kill()
-
-    def kill(self):
-        for p in [*self.ps.children(recursive=True)] if self.proc.poll() is None else []:
-            p.kill()
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+        return Path(self.log_path).read_text(errors="replace")
 
 
 @pytest.fixture
@@ -182,8 +138,7 @@ def launch(tmp_path):
 
     yield start
     for d in started:
-        if d.proc.poll() is None:
-            d.stop(signal.SIGKILL, 10)
+        d.kill()
 
 
 # -- Kafka helpers -------------------------------------------------------------------------------

@@ -1,38 +1,47 @@
-"""Where running `diode launch`es can be found, and what their supervisors say of their workers.
+"""Where running `diode launch`es can be found, what their supervisors and workers say, and
+how a program runs one.
 
 Each supervisor registers itself in a state directory (`$DIODE_STATE_DIR`, else
 `$XDG_RUNTIME_DIR/diode`, else `/tmp/diode-<uid>`): one small JSON file per launch naming its
 pid, topology, sides and run directory, removed when it stops. In its run directory it keeps
 `supervisor.json`, rewritten about once a second: every worker's state, pid, CPUs and
-restarts. Beside it, `metrics/` holds each worker's own metrics (diode.runtime.metrics). `diode tune
---live` reads them; nothing here is needed for the pipeline to run.
+restarts. Beside it, `metrics/` holds each worker's own metrics (diode.runtime.metrics), read
+by `worker_metrics` here and nowhere else. `diode status` and `diode tune --live` read them;
+nothing here is needed for the pipeline to run.
+
+`Launch` is `diode launch` as a child process, the one way the soak, `diode tune`, the bench,
+the figures scripts and the tests start one, wait for it and stop it.
 """
 
 import json
+import logging
 import os
 import re
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+from diode.errors import DiodeError
+from diode.runtime import files
+
+log = logging.getLogger("diode.runtime.launches")
 STATUS_FILE = "supervisor.json"
+METRICS_DIR = "metrics"  # in a run directory: <side>-<stage>-<index>.prom per worker
 # a worker's process title (diode.runtime.worker): "diode: receiver/unpacker-0"
 WORKER_TITLE = re.compile(r"diode: ((?:sender|receiver)/[a-z_]+-\d+)")
 
 
-def state_dir() -> Path:
-    if os.environ.get("DIODE_STATE_DIR"):
-        return Path(os.environ["DIODE_STATE_DIR"])
-    if os.environ.get("XDG_RUNTIME_DIR"):
-        return Path(os.environ["XDG_RUNTIME_DIR"]) / "diode"
+def state_dir(environ=None) -> Path:
+    """Where launches register: as a process with `environ` (default: this one's) sees it."""
+    environ = os.environ if environ is None else environ
+    if environ.get("DIODE_STATE_DIR"):
+        return Path(environ["DIODE_STATE_DIR"])
+    if environ.get("XDG_RUNTIME_DIR"):
+        return Path(environ["XDG_RUNTIME_DIR"]) / "diode"
     return Path(tempfile.gettempdir()) / f"diode-{os.getuid()}"
-
-
-def _write_json(path: Path, data: dict) -> None:
-    """Atomically: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 def register(topology_path: str, name: str, sides: tuple, run_dir: str) -> Path | None:
@@ -41,13 +50,19 @@ def register(topology_path: str, name: str, sides: tuple, run_dir: str) -> Path 
     d = state_dir()
     try:
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path = d / f"launch-{os.getpid()}.json"
-        _write_json(path, {"pid": os.getpid(), "topology": os.path.abspath(topology_path),
-                           "name": name, "sides": list(sides), "run_dir": run_dir,
-                           "started": time.time()})
+        path = _registration(d, os.getpid())
+        # replaced whole, a reader never sees half of it; no fsync: it describes a running
+        # process, which a power loss ends anyway
+        files.replace_json(path, {"pid": os.getpid(), "topology": os.path.abspath(topology_path),
+                                  "name": name, "sides": list(sides), "run_dir": run_dir,
+                                  "started": time.time()}, sync=False)
         return path
     except OSError:
         return None
+
+
+def _registration(directory: Path, pid: int) -> Path:
+    return directory / f"launch-{pid}.json"
 
 
 def unregister(path: Path | None) -> None:
@@ -88,7 +103,8 @@ def running(topology: str | None = None) -> list[dict]:
 
 def write_status(run_dir: str, status: dict) -> None:
     try:
-        _write_json(Path(run_dir) / STATUS_FILE, {**status, "updated": time.time()})
+        files.replace_json(Path(run_dir) / STATUS_FILE, {**status, "updated": time.time()},
+                           sync=False)
     except OSError:
         pass
 
@@ -117,3 +133,204 @@ def workers_of(supervisor) -> dict:
         if m:
             out[m.group(1)] = child
     return out
+
+
+# -- the workers' metrics files ------------------------------------------------------------------
+
+def worker_metrics(run_dir, stage: str | None = None, since: float | None = None) -> dict:
+    """Worker name ("receiver/unpacker-0") -> the Prometheus text of its metrics file in
+    `run_dir` (`<run dir>/metrics/<side>-<stage>-<index>.prom`, rewritten about once a second
+    by diode.runtime.metrics), in name order; of `stage` only, if given; of files written at
+    `since` (a time.time()) or later only, if given: a restarted launch's workers rewrite the
+    files their predecessors left. A file that cannot be read is left out."""
+    out = {}
+    for f in sorted(Path(run_dir, METRICS_DIR).glob(f"*-{stage}-*.prom" if stage
+                                                    else "*.prom")):
+        side, _, rest = f.stem.partition("-")
+        try:
+            if since is not None and f.stat().st_mtime < since:
+                continue
+            out[f"{side}/{rest}"] = f.read_text()
+        except OSError:
+            continue
+    return out
+
+
+def worker_counters(run_dir, names, stage: str | None = None) -> dict:
+    """Worker name -> {metric: its value, summed over its samples} for each of `names`."""
+    from diode.runtime.metrics import read_counter
+    return {worker: {name: read_counter(text, name) for name in names}
+            for worker, text in worker_metrics(run_dir, stage).items()}
+
+
+def split_name(worker: str) -> tuple:
+    """"receiver/unpacker-0" -> ("receiver", "unpacker", 0)."""
+    side, _, rest = worker.partition("/")
+    stage, _, index = rest.rpartition("-")
+    return side, stage, int(index)
+
+
+# -- running one ---------------------------------------------------------------------------------
+
+class Launch:
+    """`diode launch TOPOLOGY [--side SIDE] [--run-dir RUN_DIR] [ARGS]` as a child process: its
+    output (stdout and stderr) appended to `log_path` (else discarded), run with `env` (else
+    this process's), in `cwd`, under `where` (a command prefix: the test bed's `ip netns exec
+    NAME`), by `python` (default: this interpreter; `-m diode`, so a PYTHONPATH in `env`
+    chooses the code). It runs in a session of its own, so that a Ctrl-C meant for the caller
+    reaches the caller, which stops it in order, and so that what is left of it can be killed
+    as one process group.
+
+    start() returns at once; wait_running(), wait_workers() and wait_ready() wait for the
+    supervisor's registration, its workers' processes and their first metrics (sockets and
+    clients open), raising `failure` when it exits first or the time is up. stop() signals
+    the supervisor (SIGTERM: it drains its workers) and kills whatever is left after a
+    timeout; kill() kills it all at once. With `with`, it is started and stopped."""
+
+    def __init__(self, topology, side: str = "both", run_dir=None, log_path=None, env=None,
+                 cwd=None, where=(), args=(), python: str = sys.executable):
+        self.topology, self.side, self.log_path = topology, side, log_path
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.env, self.cwd, self.where, self.args, self.python = env, cwd, where, args, python
+        self.proc: subprocess.Popen | None = None
+        self.ps = None       # psutil.Process of the supervisor
+        self.started = None  # time.time() of the last start
+
+    def command(self) -> list:
+        cmd = [*self.where, self.python, "-m", "diode", "launch", str(self.topology), "--side",
+               self.side]
+        if self.run_dir is not None:
+            cmd += ["--run-dir", str(self.run_dir)]
+        return [*cmd, *map(str, self.args)]
+
+    def start(self) -> "Launch":
+        """Start it (again, after a stop)."""
+        import psutil
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.started = time.time()
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
+                                         start_new_session=True)
+        finally:
+            if self.log_path:
+                out.close()
+        self.ps = psutil.Process(self.proc.pid)
+        return self
+
+    def __enter__(self) -> "Launch":
+        return self if self.proc is not None else self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def workers(self) -> dict:
+        """Process title ("receiver/unpacker-0") -> psutil.Process of every live worker."""
+        return workers_of(self.ps) if self.alive() else {}
+
+    def failure(self, what: str) -> Exception:
+        """The error a wait raises: `what` went wrong (a subclass may add the log's text)."""
+        where = f" (its log: {self.log_path})" if self.log_path else ""
+        return DiodeError(f"the {self.side} launch of {self.topology}: {what}{where}")
+
+    def _wait(self, condition, timeout: float, what: str, interval: float = 0.1):
+        deadline = time.monotonic() + timeout
+        while True:
+            value = condition()
+            if value:
+                return value
+            if not self.alive():
+                raise self.failure(f"exited with {self.proc.returncode} before {what}")
+            if time.monotonic() > deadline:
+                raise self.failure(f"not {what} within {timeout:g} s")
+            time.sleep(interval)
+
+    def wait_running(self, timeout: float = 30.0) -> dict:
+        """Until its supervisor has registered itself; its registration (pid, topology, sides,
+        run_dir). Sets run_dir when the supervisor chose it."""
+        path = _registration(state_dir(self.env), self.proc.pid)
+
+        def registered():
+            try:
+                return json.loads(path.read_text())
+            except (OSError, ValueError):
+                return None
+        entry = self._wait(registered, timeout, "registered")
+        if self.run_dir is None:
+            self.run_dir = Path(entry["run_dir"])
+        return entry
+
+    def wait_workers(self, count: int, timeout: float = 30.0) -> dict:
+        """Until at least `count` workers run; workers()."""
+        return self._wait(lambda: len(w := self.workers()) >= count and w, timeout,
+                          f"running {count} workers")
+
+    def wait_ready(self, count: int, timeout: float = 60.0) -> None:
+        """Until `count` workers of this start have written their metrics (after their first
+        step: sockets and clients open; a restart's predecessors left theirs)."""
+        if self.run_dir is None:
+            self.wait_running(timeout)
+        self._wait(lambda: len(worker_metrics(self.run_dir, since=self.started)) >= count,
+                   timeout, f"ready with {count} workers", 0.05)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int | None:
+        """Signal the supervisor (SIGKILL: kill(), the whole side dies at once) and wait for it
+        to exit; if it has not within `timeout`, kill what is left of it. Its exit code
+        (negative: the signal that ended it); None if it never started."""
+        if self.proc is None:
+            return None
+        if sig == signal.SIGKILL:
+            return self.kill()
+        if self.proc.returncode is None:
+            self.proc.send_signal(sig)
+            if not self._exited_within(timeout):
+                log.warning("diode launch pid %d (%s) did not stop within %.0f s: killed",
+                            self.proc.pid, self.side, timeout)
+                return self.kill()
+        return self.proc.wait()
+
+    def _exited_within(self, timeout: float) -> bool:
+        # Without reaping: until the supervisor is reaped its pid, and so its process group's
+        # id, cannot be reused, so kill() reaches only what this launch started.
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                    return True
+            except ChildProcessError:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+    def kill(self) -> int | None:
+        """SIGKILL to every process of the launch: the supervisor, its workers, its embedded
+        brokers and metrics endpoints (sessions of their own) and whatever else is in its
+        process group (a worker restarted meanwhile). Its exit code."""
+        import psutil
+        if self.proc is None:
+            return None
+        if self.proc.returncode is None:
+            try:
+                tree = self.ps.children(recursive=True)
+            except psutil.Error:
+                tree = []
+            for p in [self.ps, *tree]:  # the supervisor first: it restarts no more workers
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return self.proc.wait()

@@ -25,6 +25,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from diode.runtime import files
+
 log = logging.getLogger("diode.runtime.metrics")
 
 # gauges whose value only grows (but for a process restart): exported as counters
@@ -283,10 +285,7 @@ class Metrics:
         if not self.path:
             return
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w") as f:
-            f.write(self.text())
-        os.replace(tmp, self.path)
+        files.replace(self.path, self.text(), sync=False)
 
 
 def _number(value) -> str:

@@ -37,7 +37,6 @@ from diode.kafka import brokers as embedded
 from diode.runtime import launches
 from diode.runtime import topology as topo
 from diode.errors import DiodeError
-from diode.runtime.metrics import read_counter
 from diode.soak import schedule as sched
 from diode.soak import traffic
 
@@ -62,76 +61,6 @@ BROKER_FAULTS = {"destination-pause": "destination", "destination-stop": "destin
                  "source-pause": "source"}
 
 
-class Launch:
-    """One `diode launch --side SIDE` process and its workers."""
-
-    def __init__(self, side: str, topology: Path, run_dir: Path, log_path: Path):
-        self.side, self.topology, self.run_dir, self.log_path = side, topology, run_dir, log_path
-        self.proc = None
-        self.restarting = False  # a restart fault has it down on purpose
-        self.start()
-
-    def start(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.started = time.time()
-        with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "diode", "launch", str(self.topology), "--side",
-                 self.side, "--run-dir", str(self.run_dir)], stdout=out,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self.ps = psutil.Process(self.proc.pid)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def workers(self) -> dict:
-        """Process title ("receiver/unpacker-0") -> psutil.Process of every live worker."""
-        return launches.workers_of(self.ps) if self.alive() else {}
-
-    def wait_ready(self, count: int, timeout: float = 60.0) -> None:
-        """Until `count` workers of this start have written their metrics (sockets and clients
-        open; a restart's predecessors left theirs)."""
-        deadline = time.monotonic() + timeout
-        while sum(_mtime(f) >= self.started
-                  for f in (self.run_dir / "metrics").glob("*.prom")) < count:
-            if not self.alive():
-                raise DiodeError(f"the {self.side} launch exited with {self.proc.returncode} "
-                                 f"at start (its log: {self.log_path})")
-            if time.monotonic() > deadline:
-                raise DiodeError(f"the {self.side} workers were not ready within "
-                                 f"{timeout:.0f} s (its log: {self.log_path})")
-            time.sleep(0.1)
-
-    def stop(self, sig=signal.SIGTERM, timeout: float = 60.0) -> int | None:
-        """Signal the supervisor (SIGKILL: every worker too, the whole side dies at once) and
-        wait for it; whatever is left after `timeout` is killed."""
-        if sig == signal.SIGKILL:
-            for p in self._tree():
-                _kill(p)
-        elif self.alive():
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log.warning("the %s launch did not stop within %.0f s: killed", self.side, timeout)
-            for p in self._tree():
-                _kill(p)
-            return self.proc.wait()
-
-    def _tree(self) -> list:
-        try:
-            return [self.ps, *self.ps.children(recursive=True)]
-        except psutil.Error:
-            return []
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
 def _kill(p) -> None:
     try:
         p.kill()
@@ -150,16 +79,12 @@ class Counters:
 
     def sample(self) -> dict:
         for run_dir in self.run_dirs:
-            for f in (Path(run_dir) / "metrics").glob(f"*-{self.stage}-*.prom"):
-                try:
-                    text = f.read_text()
-                except OSError:
-                    continue
-                for name in self.names:
-                    v = read_counter(text, name)
-                    before = self.last.get((f.name, name), 0.0)
+            for worker, values in launches.worker_counters(run_dir, self.names,
+                                                           self.stage).items():
+                for name, v in values.items():
+                    before = self.last.get((worker, name), 0.0)
                     self.total[name] += v - before if v >= before else v
-                    self.last[(f.name, name)] = v
+                    self.last[(worker, name)] = v
         return self.total
 
 
@@ -185,7 +110,8 @@ class Soak:
         self.failures: list[str] = []
         self.fault_log: list[dict] = []
         self.timeline: list[dict] = []
-        self.launches: dict = {}
+        self.launches: dict = {}      # side -> its diode.runtime.launches.Launch
+        self.restarting: set = set()  # sides a restart fault has down on purpose
         self.brokers: dict = {}
         self.linksim = None
         self.traffic = None
@@ -334,8 +260,8 @@ class Soak:
         self.run_dirs = {}
         for side in ("receiver", "sender"):
             self.run_dirs[side] = self.run_root / side
-            self.launches[side] = Launch(side, files[side], self.run_dirs[side],
-                                         self.out / f"launch-{side}.log")
+            self.launches[side] = launches.Launch(files[side], side, self.run_dirs[side],
+                                                  self.out / f"launch-{side}.log").start()
             self.launches[side].wait_ready(self._worker_count(side))
         self.writes = Counters(list(self.run_dirs.values()), "kafka_writer",
                                ("records", "missing_records", "late_records"))
@@ -439,7 +365,7 @@ class Soak:
 
     def _check_alive(self) -> None:
         for side, launch in self.launches.items():
-            if not launch.alive() and not launch.restarting:
+            if not launch.alive() and side not in self.restarting:
                 self.failures.append(f"the {side} launch exited with {launch.proc.returncode} "
                                      f"(its log: {launch.log_path})")
                 self._say(self.failures[-1])
@@ -491,14 +417,14 @@ class Soak:
         elif k in ("sender-restart", "receiver-restart"):
             side = k.split("-")[0]
             launch = self.launches[side]
-            launch.restarting = True
+            self.restarting.add(side)
             sig = signal.SIGKILL if p.get("signal") == "kill" else signal.SIGTERM
             code = launch.stop(sig)
             entry["exit"] = code
             self._hold(fault.duration)
             launch.start()
             launch.wait_ready(self._worker_count(side))
-            launch.restarting = False
+            self.restarting.discard(side)
             self._say(f"  {side} back")
         elif k in BROKER_FAULTS:
             b = self.brokers[BROKER_FAULTS[k]]

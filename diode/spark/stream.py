@@ -23,6 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from diode.accounting.ledger import PartitionLedger
+from diode.runtime import files
 from diode.spark.verify import (_quantiles, claims, kafka_reader, pattern_of, provenance, say,
                                 session, summarize)
 
@@ -114,17 +115,12 @@ class StreamAudit:
                 "reason": "audit", "detectedAt": now, "batch": batch_id}
 
     def _save(self, batch_id: int) -> None:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"batch": batch_id, "partitions": [
-                {"topic": t, "partition": p, "topicId": i, "ledger": led.to_json()}
-                for (t, p, i), led in self._sorted()]}, f)
-        os.replace(tmp, self.path)  # atomic: a crash leaves the old ledger or the new one
+        # replaced whole: a crash leaves the old ledger or the new one
+        files.replace_json(self.path, {"batch": batch_id, "partitions": [
+            {"topic": t, "partition": p, "topicId": i, "ledger": led.to_json()}
+            for (t, p, i), led in self._sorted()]}, sync=False)
         if self.args.json:
-            tmp = self.args.json + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(self.report(), f, indent=1)
-            os.replace(tmp, self.args.json)
+            files.replace_json(self.args.json, self.report(), sync=False, indent=1)
 
     def report(self) -> dict:
         parts = [{"sourceTopic": t, "sourcePartition": p, "sourceTopicId": i,

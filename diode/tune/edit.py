@@ -5,9 +5,9 @@
 
 import difflib
 import io
-import os
 from pathlib import Path
 
+from diode.runtime import files
 from diode.runtime.topology import PIPELINES, SIDES
 
 
@@ -92,8 +92,4 @@ def diff(path, old: str, new: str) -> str:
 
 def write(path, text: str) -> None:
     """Replace the file with `text` atomically, keeping its mode."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tune")
-    tmp.write_text(text)
-    os.chmod(tmp, path.stat().st_mode & 0o7777)
-    os.replace(tmp, path)
+    files.replace(path, text, sync=False, mode=Path(path).stat().st_mode & 0o7777)

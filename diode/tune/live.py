@@ -42,14 +42,9 @@ def snapshot(run_dir: str) -> dict:
     status = launches.read_status(run_dir) or {}
     pids = {w["name"]: w for w in status.get("workers", [])}
     workers, totals = {}, {}
-    for f in sorted(Path(run_dir, "metrics").glob("*.prom")):
-        side, stage, index = f.stem.split("-", 1)[0], *f.stem.split("-", 1)[1].rsplit("-", 1)
-        try:
-            text = f.read_text()
-        except OSError:
-            continue
-        name = f"{side}/{stage}-{index}"
-        w = {"side": side, "stage": stage, "index": int(index),
+    for name, text in launches.worker_metrics(run_dir).items():
+        side, stage, index = launches.split_name(name)
+        w = {"side": side, "stage": stage, "index": index,
              "state": pids.get(name, {}).get("state", "running"),
              "restarts": pids.get(name, {}).get("restarts", 0),
              **{m: read_counter(text, m) for m in WORKER_METRICS}}
@@ -148,8 +143,9 @@ def find(topology: str | None, run_dir: str | None) -> str:
     """The run directory of the launch to read: `run_dir`, or the one running launch (of
     `topology`, if given); DiodeError naming what is running when that is not one."""
     if run_dir:
-        if not Path(run_dir, "metrics").is_dir():
-            raise DiodeError(f"{run_dir} has no metrics/: not a launch's run directory")
+        if not Path(run_dir, launches.METRICS_DIR).is_dir():
+            raise DiodeError(f"{run_dir} has no {launches.METRICS_DIR}/: not a launch's run "
+                             "directory")
         return run_dir
     found = launches.running(topology)
     if not found:

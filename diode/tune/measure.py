@@ -26,6 +26,7 @@ import psutil
 import yaml
 
 from diode.runtime import topology as topo
+from diode.runtime.launches import Launch
 from diode.errors import DiodeError
 from diode.runtime.topology import PIPELINES, SIDES
 
@@ -304,7 +305,7 @@ class Bench:
         the records need, or as the topology paces it if that is more) and measure a window
         after `warmup` seconds."""
         from diode.soak import traffic
-        from diode.soak.run import Counters, Launch
+        from diode.soak.run import Counters
         mbps = rate * (traffic.mean_size(record_mix) + 60) * 8 / 1e6 * 1.2 + 1
         path, topic, _ = self.topology(stages, datagram_bytes,
                                        max(mbps, self.t.link.rate_mbps or 0))
@@ -313,8 +314,8 @@ class Bench:
         flow = None
         try:
             for side in ("receiver", "sender"):
-                launches[side] = Launch(side, path, self.work / f"run-{n}-{side}",
-                                        self.work / f"{side}-{n}.log")
+                launches[side] = Launch(path, side, self.work / f"run-{n}-{side}",
+                                        self.work / f"{side}-{n}.log").start()
                 launches[side].wait_ready(sum(s["instances"] for s in stages[side].values()))
             records = traffic.Records([topic], PARTITIONS, record_mix, seed=n)
             flow = traffic.Traffic(self.src, records, rate).start()

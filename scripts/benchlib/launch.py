@@ -8,9 +8,9 @@ from pathlib import Path
 
 import yaml
 
-from diode.runtime.metrics import read_counter
+from diode.runtime import launches
 
-from .resources import REPO, Bench, log
+from .resources import REPO, Bench, child_env, log
 
 # Readers commit what was sent this often in the modes timed by committed offsets (sender
 # alone, capture): the default (1000 ms) would add up to a second to every run's end.
@@ -66,35 +66,36 @@ def group_id(cfg: dict) -> str:
 
 
 class DiodeLaunch:
-    """One `diode launch` of a topology, one side or both, logging to the work dir."""
+    """One `diode launch` of a topology, one side or both (the receiver on the receiving host
+    of the test bed, if there is one), logging to the work dir; stopped by the bench's end,
+    an error or Ctrl-C too (Resources.close)."""
 
     def __init__(self, b: Bench, cfg: dict, tag: str, side: str = "both"):
         self.b = b
         self.tag = tag
         self.side = side
         self.run_dir = cfg["supervisor"]["run.dir"]
-        os.makedirs(self.run_dir, exist_ok=True)
         self.path = os.path.join(b.work, f"topology-{tag}.yaml")
         Path(self.path).write_text(yaml.safe_dump(cfg, sort_keys=False))
         self.logfile = os.path.join(b.work, f"diode-{tag}.log")
+        self.launch = launches.Launch(
+            self.path, side, self.run_dir, self.logfile, env=child_env(), cwd=b.work,
+            where=b.res.low_host([]) if side == "receiver" else (),
+            python=str(REPO / ".venv/bin/python"))
         self.proc = None
         self.started = None
         self.code = None
 
     def start(self):
-        cmd = [str(REPO / ".venv/bin/diode"), "launch", self.path]
-        if self.side != "both":
-            cmd += ["--side", self.side]
-        if self.side == "receiver":
-            cmd = self.b.res.low_host(cmd)
         self.started = time.monotonic()
-        self.proc = self.b.res.popen(cmd, log_path=self.logfile, cwd=self.b.work)
+        self.proc = self.b.res.add_launch(self.launch.start()).proc
         return self.proc
 
     def stop(self) -> int:
         """SIGTERM: the supervisor drains its workers (supervisor.drain.timeout.seconds)."""
         if self.proc is not None and self.code is None:
-            self.code = self.b.res.stop_proc(self.proc, 30 if self.proc.poll() is None else 5)
+            self.code = self.b.res.stop_launch(self.launch, 30 if self.proc.poll() is None
+                                               else 5)
         return self.code
 
     def report_failure(self, ended: str) -> None:
@@ -105,17 +106,11 @@ class DiodeLaunch:
             log("  " + line)
 
     def metrics(self) -> dict:
-        """A few counters from every worker's metrics file (<run dir>/metrics/*.prom)."""
-        out = {}
-        for f in sorted(Path(self.run_dir, "metrics").glob("*.prom")):
-            text = f.read_text()
-            row = {}
-            for name in ("records", "datagrams", "bytes", "rewinds", "cpu_seconds", "rejects"):
-                v = read_counter(text, name)
-                if v:
-                    row[name] = v
-            out[f.stem] = row
-        return out
+        """A few counters from every worker's metrics file, by file name
+        ("sender-udp_sender-0"), those that are not 0."""
+        names = ("records", "datagrams", "bytes", "rewinds", "cpu_seconds", "rejects")
+        return {worker.replace("/", "-"): {k: v for k, v in values.items() if v}
+                for worker, values in launches.worker_counters(self.run_dir, names).items()}
 
 
 def link_figures(metrics: dict) -> dict:

@@ -55,6 +55,7 @@ class Resources:
         self.bed = None                   # the two-host test bed (--path veth), or None
         self.brokers: list[EmbeddedBroker] = []
         self.procs: list[subprocess.Popen] = []
+        self.launches: list = []          # diode.runtime.launches.Launch
         self.dirs: list[str] = []
 
     def broker(self, name: str, workdir: str, low: bool = False) -> EmbeddedBroker:
@@ -123,7 +124,21 @@ class Resources:
             self.procs.remove(p)
         return p.returncode
 
+    def add_launch(self, launch):
+        """A started `diode launch` (diode.runtime.launches.Launch) that close() stops."""
+        self.launches.append(launch)
+        return launch
+
+    def stop_launch(self, launch, timeout: float = 30.0) -> int:
+        """SIGTERM, wait; after `timeout`, SIGKILL to all of it."""
+        code = launch.stop(signal.SIGTERM, timeout)
+        if launch in self.launches:
+            self.launches.remove(launch)
+        return code
+
     def close(self) -> None:
+        for launch in list(self.launches):
+            self.stop_launch(launch, 10)
         for p in list(self.procs):
             self.stop_proc(p, 10)
         for b in list(self.brokers):

@@ -242,17 +242,13 @@ def test_a_journal_directory_of_another_topology_is_refused_and_nothing_written(
                             "--no-measure"], capture_output=True, text=True, cwd=ROOT)
     assert check.returncode == 2 and "receiver.journal.dir" in check.stderr, check.stderr
 
-    reset = subprocess.Popen([sys.executable, "-m", "diode", "launch", str(topologies["beta"]),
-                              "--side", "receiver", "--reset-state"], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    reset = Launched(topologies["beta"], tmp_path / "reset" / "run", "receiver",
+                     args=("--reset-state",))
     try:
-        deadline = time.monotonic() + 60
-        while json.loads((journal / "identity.json").read_text())["topology"] != "beta":
-            assert time.monotonic() < deadline and reset.poll() is None
-            time.sleep(0.2)
-        time.sleep(1)
+        reset.wait_ready(5, timeout=60)
+        assert json.loads((journal / "identity.json").read_text())["topology"] == "beta"
     finally:
-        reset.send_signal(signal.SIGTERM)
-        out = reset.communicate(timeout=60)[0]
-    assert reset.returncode == 0, out
+        code = reset.stop()
+    out = reset.output()
+    assert code == 0, out
     assert "discarding the receiver state in" in out and "topology 'alpha'" in out, out
