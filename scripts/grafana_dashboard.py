@@ -89,6 +89,9 @@ ROWS = [
         ("Errors /min, by reason", "short", [
             ('sum by (stage, reason) (increase(diode_errors_total{job=~"$job"}[1m]))',
              "{{stage}} {{reason}}")]),
+        ("Longest steps of the loop (p99; over 0.1 s breaks the contract)", "s", [
+            ('histogram_quantile(0.99, sum by (side, stage, le) (rate('
+             'diode_step_seconds_bucket{job=~"$job"}[5m])))', "{{side}}/{{stage}}")]),
     ]),
 ]
 

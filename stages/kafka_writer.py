@@ -41,20 +41,29 @@ keeps the datagrams in its journal (receiver.journal.max.bytes) until the destin
 destination topic that cannot be created or written is the only one waiting: its records go to
 receiver.dead.letter.topic with the error, and other topics go on. Events (missing ranges,
 heartbeats, dead letters) wait in a bounded queue of their own, never in a loop.
+
+The loop never waits on the destination (the stage contract, diode.runtime.worker): a
+Preparer thread (diode.kafka.preparer) learns each destination topic's partition count, creating
+the topic, and reads what the destination holds for a restart, each with clients of its own, and
+hands the answers back. Meanwhile the records of that topic or source topic wait in the backlog
+(or with the runs waiting for recovery), in their order, counted in backlog_records: past
+MAX_BACKLOG_RECORDS the writer takes no more input, so waiting holds the pipeline back and drops
+nothing. A checkpoint's flush, and the acknowledgement of missing ranges before the records after
+them, are waited for a moment per step (FLUSH_STEP_SECONDS) with no input taken meanwhile; a stop
+waits the same way, up to its drain time, for everything to be acknowledged.
 """
 
 import json
 import time
 from collections import deque
 
-from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaError, Producer
 
 from diode.runtime import checkpoints, statedir, transport
-from diode.kafka import identity, recovery
-from diode.errors import DiodeError, RejectedDatagram
-from diode.kafka.clients import (admin_config, client_settings, create_topic,
-                                 partition_counts, produce_run, producer_config, record_headers)
+from diode.kafka import identity
+from diode.errors import RejectedDatagram
+from diode.kafka.clients import client_settings, produce_run, producer_config, record_headers
+from diode.kafka.preparer import HoldingsAnswer, Preparer, TopicAnswer
 from diode.accounting import tickets
 from diode.accounting.ordering import PartitionState, SourcePartition
 from diode.accounting.ranges import merge
@@ -73,6 +82,8 @@ WRITER_LINGER_MS = 50        # librdkafka's linger.ms unless receiver.kafka sets
 EXPIRE_SECONDS = 0.02       # waiting runs and claims are looked at this often
 ASK_AGAIN_SECONDS = 1.0      # a replay asked for and not begun yet is asked again
 FLUSH_SECONDS = 2.0          # a checkpoint waits this long at most for acknowledgements
+FLUSH_STEP_SECONDS = 0.02    # ... and one step this long (twice at most: records, events)
+METADATA_AGAIN_SECONDS = 1.0  # a destination topic not known yet is asked about this often
 RECOVER_AGAIN_SECONDS = 5.0  # the destination could not be read: try again after this
 TOPIC_GIVE_UP_SECONDS = 60.0  # a destination topic the cluster answers for and will not
 #                               create or describe this long: dead letters
@@ -120,7 +131,10 @@ class Stage(BaseStage):
         # (records produced up to and including a run's oldest, its source timestamp in ms):
         # its end-to-end latency is observed once the destination has acknowledged as many.
         self.latency_marks: deque = deque(maxlen=MAX_LATENCY_MARKS)
-        self.admin = AdminClient(admin_config(kafka))
+        # what the destination says of its topics and holds, asked off this loop
+        self.preparer = Preparer(kafka).start()
+        self.asked: set = set()  # questions it has not answered yet: ("topic", destination
+        #                          topic) and ("holdings", source topic), one each at most
         self.dest_partitions: dict = {}   # destination topic -> partition count
         self.source_partitions: dict = {}  # source topic -> partition count (from the sender)
         self.next_metadata: dict = {}     # topic -> when its metadata may be asked again
@@ -161,6 +175,8 @@ class Stage(BaseStage):
         # first seen now may have had records sent while no receiver read.
         self.resuming = ctx.incarnation > 1
         self.next_checkpoint = time.monotonic() + r.checkpoint_interval_ms / 1000
+        self.flushing = None   # a checkpoint waiting for the destination's acknowledgements
+        self.finish_by = None  # stopping: when to give up waiting for them
         if self.durable:
             self._restore()
         self.started = time.monotonic()
@@ -179,6 +195,8 @@ class Stage(BaseStage):
         self.producer.poll(0)
         if self.events is not None:
             self.events.poll(0)
+        if self.flushing is None and (self.asked or self.unrecovered):
+            self._prepared()  # (not while a checkpoint's state waits to be saved)
         self._produce_events()
         self._acknowledged(len(self.producer))
         now = time.monotonic()
@@ -186,6 +204,11 @@ class Stage(BaseStage):
             # (asked as of now: a notice that answered the first ask may have been lost)
             ask(self.asking, self.ctx.spec.name, now)
             self.ask_again = now + ASK_AGAIN_SECONDS
+        if self.flushing is not None:
+            # A checkpoint waits for the destination's acknowledgements: no input meanwhile,
+            # as if the flush were one call (the state it records stays what it is).
+            self._checkpoint_flushed(now)
+            return True
         checkpoint_due = self.durable and now >= self.next_checkpoint
         if self.backlog_records >= MAX_BACKLOG_RECORDS or len(self.event_queue) >= MAX_EVENTS \
                 or (checkpoint_due and self.backlog):
@@ -195,7 +218,7 @@ class Stage(BaseStage):
             if self.backlog or self.event_queue:
                 self.producer.poll(0.05)  # the destination is slow or down: wait, keep order
             return True
-        got = self.input.poll(0 if self.backlog else 50)
+        got = self.input.poll(0 if self.backlog and not self._backlog_waits() else 50)
         if self.drained(idle=not got and not self.backlog):
             return self._finish()
         if got:
@@ -211,20 +234,42 @@ class Stage(BaseStage):
             self._checkpoint(now)
         return True
 
+    def _backlog_waits(self) -> bool:
+        """Whether nothing in the backlog can be produced now: it waits for missing ranges to
+        be acknowledged, or every run for its destination topic (the loop then waits for input
+        rather than spin; the first run answers in the common case)."""
+        return self.events_first or all(self.destination(e[0].topic) not in self.dest_partitions
+                                        for e in self.backlog)
+
     def _finish(self) -> bool:
-        """Stopping and nothing more is coming: write what can be written, then the last
-        checkpoint; False once done. Without a journal, what waits for a predecessor is written
-        now and the gaps before it reported (nothing would replay it)."""
+        """Stopping and nothing more is coming: write what can be written (what waits for its
+        destination topic or its recovery too), wait for the destination to acknowledge it, a
+        step at a time, up to three quarters of supervisor.drain.timeout.seconds, then record
+        the last checkpoint; False once done. Without a journal, what waits for a predecessor is
+        written now and the gaps before it reported (nothing would replay it)."""
+        now = time.monotonic()
+        if self.finish_by is None:
+            self.finish_by = now + self.t.supervisor.drain_timeout_seconds * 0.75
         if not self.durable:
             self._expire(float("inf"))
-        if self.backlog or self.event_queue:
+        if self.backlog or self.event_queue or self.unrecovered:
             self._produce_backlog()
             self._produce_events()
-            self.producer.poll(0.05)
+            if now < self.finish_by:
+                self.producer.poll(0.05)
+                return True
+        left = self.producer.flush(FLUSH_STEP_SECONDS)
+        left_events = self._flush_events(FLUSH_STEP_SECONDS)
+        if (left or left_events) and now < self.finish_by:
             return True
-        self._flush()
-        if self.durable:
-            self._checkpoint(time.monotonic(), final=True)
+        self._acknowledged(left)
+        if left or left_events or self.backlog or self.unrecovered:
+            self.log.error("stopping with %d record(s) and %d event(s) not confirmed by the "
+                           "destination cluster%s", left + self.backlog_records, left_events,
+                           "; the journal replays the records at the next start"
+                           if self.durable else "")
+        elif self.durable:
+            self._checkpoint(now)  # (everything acknowledged: saved at once)
         return False
 
     def _take_input(self) -> None:
@@ -416,16 +461,18 @@ class Stage(BaseStage):
             self.source_partitions.setdefault(topic, 1)
 
     def _recover(self, topic: str, partition: int, incarnation: bytes) -> bool:
-        """Learn what the destination already holds of an incarnation of a source partition
-        (once per start, before its first record or claim is offered: with it, the same
-        incarnation of the topic's other partitions this writer owns, and whatever else of the
-        topic waits), and which missing ranges were reported already: both from records that
-        name the incarnation (sourceTopicId), never from another's. False while the destination
-        cannot be read (tried again every RECOVER_AGAIN_SECONDS; meanwhile the topic's runs
-        wait, and count in the backlog)."""
-        now = time.monotonic()
+        """Whether what the destination already holds of an incarnation of a source partition
+        is known (once per start, before its first record or claim is offered), and which
+        missing ranges were reported already: both from records that name the incarnation
+        (sourceTopicId), never from another's. False until then: the Preparer is asked (with
+        it, the same incarnation of the topic's other partitions this writer owns, and whatever
+        else of the topic waits), and the caller keeps the item waiting in `unrecovered`, in
+        order, counted in the backlog; `_recovered` offers it once the answer comes."""
+        if (topic, partition, incarnation) in self.recovered:
+            return True
         waiting = self.unrecovered.setdefault(topic, [])
-        if now < self.recover_at.get(topic, 0.0):
+        if ("holdings", topic) in self.asked or \
+                time.monotonic() < self.recover_at.get(topic, 0.0):
             return False
         count = min(max(self.source_partitions.get(topic, 1), partition + 1), MAX_PARTITIONS)
         wanted = {(topic, p, incarnation) for p in range(count) if self._owns(topic, p)}
@@ -433,25 +480,30 @@ class Stage(BaseStage):
                    for i in waiting}
         wanted.add((topic, partition, incarnation))
         wanted -= self.recovered
-        try:
-            if self.reported is None:
-                reported = {}
-                if self.r.missing_records_topic:
-                    since = None if self.since_ms is None else self.since_ms - 60_000
-                    reported = recovery.last_reported(self.kafka, self.r.missing_records_topic,
-                                                      since, timeout=5.0)
-                self.reported = reported
-            written = recovery.last_written(self.kafka, self.destination(topic), wanted,
-                                            timeout=5.0)
-        except DiodeError as exc:
-            self.recover_at[topic] = now + RECOVER_AGAIN_SECONDS
+        missing_topic = self.r.missing_records_topic if self.reported is None else None
+        since = None if self.since_ms is None else self.since_ms - 60_000
+        self.preparer.holdings(topic, self.destination(topic), wanted, missing_topic or None,
+                               since)
+        self.asked.add(("holdings", topic))
+        return False
+
+    def _recovered(self, answer: HoldingsAnswer) -> None:
+        """The Preparer's answer for a source topic: its states told what the destination holds
+        and which ranges were reported, then what waited for that offered, in the order it came
+        (what waits for another incarnation, asked of since, waits on)."""
+        topic, wanted = answer.topic, answer.wanted
+        self.asked.discard(("holdings", topic))
+        if answer.error is not None:
+            self.recover_at[topic] = time.monotonic() + RECOVER_AGAIN_SECONDS
             self.metrics.inc("errors", reason="recovery")
             self.log.warning("cannot read what the destination holds of %s yet (%s): its "
                              "records wait; trying again in %.0f s", self.destination(topic),
-                             exc, RECOVER_AGAIN_SECONDS)
-            return False
-        clock = self._clock()
-        for tp in sorted(wanted):
+                             answer.error, RECOVER_AGAIN_SECONDS)
+            return
+        if self.reported is None:  # (read with the first answer; {}: no missing-records topic)
+            self.reported = answer.reported or {}
+        written, clock = answer.written, self._clock()
+        for tp in sorted(wanted - self.recovered):
             ranges = self.reported.get(tp)
             if ranges:
                 self._state(*tp, now=clock).reported(ranges)
@@ -464,14 +516,35 @@ class Stage(BaseStage):
                                   "offset %d (the checkpoint said %s)", tp[0], tp[1],
                                   identity.text(tp[2]), written[tp], before)
         self.recovered |= wanted
-        del self.unrecovered[topic]
-        for item in waiting:  # in the order they came
-            if isinstance(item, Run):
+        kept = []
+        for item in self.unrecovered.pop(topic, []):  # in the order they came
+            key = (item.topic, item.partition, item.incarnation) if isinstance(item, Run) \
+                else item[:3]
+            if key not in self.recovered:
+                kept.append(item)
+            elif isinstance(item, Run):
                 self.backlog_records -= len(item)
                 self._offer(item)
             else:
                 self._claim(item)
-        return True
+        if kept:
+            self.unrecovered[topic] = kept
+
+    def _prepared(self) -> None:
+        """Take the Preparer's answers; ask again for what still waits (once the time to try
+        again has come: with no input taken, nothing else would ask)."""
+        for answer in self.preparer.take():
+            if isinstance(answer, TopicAnswer):
+                self._topic_answered(answer)
+            else:
+                self._recovered(answer)
+        for topic, waiting in list(self.unrecovered.items()):
+            if waiting and ("holdings", topic) not in self.asked:
+                item = waiting[0]
+                if isinstance(item, Run):
+                    self._recover(item.topic, item.partition, item.incarnation)
+                else:
+                    self._recover(*item[:3])
 
     def _low_water(self):
         """The journal position below which nothing this writer still needs lies: None until
@@ -488,25 +561,36 @@ class Stage(BaseStage):
                     low = min(low, item.origin[0])
         return low
 
-    def _checkpoint(self, now: float, final: bool = False) -> None:
+    def _checkpoint(self, now: float) -> None:
         """Record what the destination acknowledged (see the module). Everything decoded has
-        been handed to the producer (the backlog is empty); the producers are flushed first."""
-        interval = self.r.checkpoint_interval_ms / 1000
+        been handed to the producer (the backlog is empty): the state is taken now, and saved
+        once the producers have had everything acknowledged (_checkpoint_flushed)."""
         low = self._low_water()
         if low is None:
-            self.next_checkpoint = now + interval
+            self.next_checkpoint = now + self.r.checkpoint_interval_ms / 1000
             return
         snapshot = [[t, p, {**state.checkpoint(), "destination": self.destination(t),
                             "incarnation": identity.text(state.incarnation),
                             "current": state is self.sources[(t, p)].current}]
                     for (t, p), state in self._all_states()]
-        wait = self.t.supervisor.drain_timeout_seconds * 0.25 if final else FLUSH_SECONDS
-        started = time.monotonic()
-        if self.producer.flush(wait) or self._flush_events(wait):
-            # The destination is down or slow: not now. (Every flush sends what lingers at
-            # once, in small batches: retrying soon would cost what linger.ms saves.)
-            self.next_checkpoint = now + interval
+        self.flushing = (snapshot, low, now)
+        self._checkpoint_flushed(now)
+
+    def _checkpoint_flushed(self, now: float) -> None:
+        """A step of a checkpoint's flush: saved once the destination has acknowledged every
+        record and event produced; given up after FLUSH_SECONDS (the destination is down or
+        slow: not now; every flush sends what lingers at once, in small batches, so retrying
+        soon would cost what linger.ms saves)."""
+        snapshot, low, started = self.flushing
+        interval = self.r.checkpoint_interval_ms / 1000
+        if self.producer.flush(FLUSH_STEP_SECONDS) or self._flush_events(FLUSH_STEP_SECONDS):
+            # (events that wait for their topic are not in flight: no flush waits for them)
+            stuck = not len(self.producer) and (self.events is None or not len(self.events))
+            if stuck or now - started >= FLUSH_SECONDS:
+                self.flushing = None
+                self.next_checkpoint = now + interval
             return
+        self.flushing = None
         self.metrics.set("checkpoint_flush_seconds", time.monotonic() - started)
         self.sent.clear()
         try:
@@ -619,6 +703,7 @@ class Stage(BaseStage):
             self.recent_missing.popleft()
         self.metrics.set("missing_ranges_last_hour", len(self.recent_missing))
         self.metrics.set("missing_records_last_hour", sum(n for _, n in self.recent_missing))
+        self.metrics.set("backlog_records", self.backlog_records)  # (with what waits to recover)
         self._export_source_state()
         self._export_tickets()
         self._export_held()
@@ -809,9 +894,8 @@ class Stage(BaseStage):
         its first record is offered, once: its written-at stamp is that time, as it is for the
         records waiting in the producer's queue."""
         if self.events_first:
-            if self._flush_events(FLUSH_SECONDS):
-                self.producer.poll(0.05)  # (the missing-records topic is slow or down)
-                return
+            if self._flush_events(FLUSH_STEP_SECONDS):
+                return  # (the missing-records topic is slow or down: the next step waits on)
             self.events_first = False
         stamp = self.r.written_at_header
         now_ms = int(time.time() * 1000)
@@ -935,50 +1019,43 @@ class Stage(BaseStage):
         return max(1, min(int(self.source_partitions.get(source_topic, 1)), MAX_PARTITIONS))
 
     def _ensure_topic(self, topic: str, partitions: int) -> bool:
-        """Learn a destination topic's partition count, creating the topic with `partitions` if
-        it does not exist. At most once a second per topic; False until it is known (and the
-        trouble is kept in topic_trouble)."""
-        now = time.monotonic()
-        if now < self.next_metadata.get(topic, 0.0):
-            return False
-        self.next_metadata[topic] = now + 1.0
-        try:
-            self.dest_partitions.update(partition_counts(self.producer))
-            if topic in self.dest_partitions:
-                self.topic_trouble.pop(topic, None)
-                return True
-            if create_topic(self.admin, topic, partitions):
-                self.log.info("created destination topic %s with %d partition(s)", topic,
-                              partitions)
-            self.dest_partitions.update(partition_counts(self.producer))
-        except KafkaException as exc:
-            error = exc.args[0]
-            for_good = error.code() in REFUSED_FOR_GOOD  # (for the warning)
-            if topic not in self.topic_trouble:
-                self.log.warning("cannot read or create destination topic %s: %s; %s", topic,
-                                 error.str(), "its records go to the dead-letter topic"
-                                 if for_good else "retrying, other topics go on")
-            self.topic_trouble[topic] = topic_trouble(self.topic_trouble.get(topic), now,
-                                                      error)
-            self.metrics.inc("errors", reason="metadata")
+        """Whether a destination topic's partition count is known. False until then: the
+        Preparer is asked (at most once per METADATA_AGAIN_SECONDS per topic) to learn it,
+        creating the topic with `partitions` if it does not exist; `_topic_answered` keeps
+        the trouble in topic_trouble."""
         if topic in self.dest_partitions:
-            self.topic_trouble.pop(topic, None)
             return True
+        now = time.monotonic()
+        if ("topic", topic) in self.asked or now < self.next_metadata.get(topic, 0.0):
+            return False
+        self.preparer.topic(topic, partitions)
+        self.asked.add(("topic", topic))
         return False
 
-    def _flush(self) -> None:
-        self._produce_events()
-        if self.events is not None:
-            self.events.flush(self.t.supervisor.drain_timeout_seconds * 0.25)
-        left = self.producer.flush(self.t.supervisor.drain_timeout_seconds * 0.5)
-        self._acknowledged(left)
-        if left:
-            self.log.error("stopping with %d record(s) not confirmed by the destination "
-                           "cluster%s", left, "; the journal replays them at the next start"
-                           if self.durable else "")
+    def _topic_answered(self, answer: TopicAnswer) -> None:
+        topic = answer.topic
+        self.asked.discard(("topic", topic))
+        now = time.monotonic()
+        self.next_metadata[topic] = now + METADATA_AGAIN_SECONDS
+        if answer.created:
+            self.log.info("created destination topic %s with %d partition(s)", topic,
+                          answer.partitions)
+        if answer.partitions:
+            self.dest_partitions[topic] = answer.partitions
+            self.topic_trouble.pop(topic, None)
+            return
+        error = answer.error
+        for_good = error.code() in REFUSED_FOR_GOOD  # (for the warning)
+        if topic not in self.topic_trouble:
+            self.log.warning("cannot read or create destination topic %s: %s; %s", topic,
+                             error.str(), "its records go to the dead-letter topic"
+                             if for_good else "retrying, other topics go on")
+        self.topic_trouble[topic] = topic_trouble(self.topic_trouble.get(topic), now, error)
+        self.metrics.inc("errors", reason="metadata")
 
     def close(self):
         self._export_held()  # (the last metrics are written after close)
+        self.preparer.close()
         self.producer.flush(1)
         if self.events is not None:
             self.events.flush(1)

@@ -112,12 +112,7 @@ class PartitionWatcher:
 
     def take(self) -> list:
         """What was found since the last call, oldest first (never waits)."""
-        out = []
-        while True:
-            try:
-                out.append(self.found.get_nowait())
-            except queue.Empty:
-                return out
+        return taken(self.found)
 
     def wake(self) -> None:
         """Look at the identities now (the loop saw a partition's offsets move back)."""
@@ -231,12 +226,28 @@ class PartitionWatcher:
         self._wake.set()
 
     def _hand(self, found: Found) -> None:
-        while not self._stop.is_set():
-            try:
-                self.found.put(found, timeout=0.5)
-                return
-            except queue.Full:  # the loop is busy: it takes them in order when it can
-                continue
+        hand(self.found, found, self._stop)
+
+
+def taken(q: queue.Queue) -> list:
+    """What a helper thread handed to the loop through `q`, oldest first (never waits)."""
+    out = []
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            return out
+
+
+def hand(q: queue.Queue, item, stop: threading.Event) -> None:
+    """From a helper thread: `item` to the loop through `q`, a bounded queue; while it is full
+    (the loop is busy: it takes them in order when it can), wait, unless `stop` is set."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.5)
+            return
+        except queue.Full:
+            continue
 
 
 def topic_ids(admin, topics: list) -> dict:

@@ -34,7 +34,10 @@ CUMULATIVE = frozenset({"cpu_seconds", "output_blocked_seconds", "records", "dup
                         "socket_drops"})
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                    300.0)
-MAX_PENDING_OBSERVATIONS = 10_000  # per histogram between two mirrorings (then dropped)
+# one step of a worker's loop: 0.1 ms (a step with nothing to do) to 10 s (a loop that blocked;
+# the supervisor kills a worker silent for supervisor.heartbeat.timeout.seconds)
+STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class Metric:
     help: str
     reasons: tuple = ()  # its `reason` label's values, each exported from 0
     per_topic: bool = False  # labelled by source topic: no series until a topic has one
+    buckets: tuple = LATENCY_BUCKETS  # a histogram's upper bounds (seconds)
 
 
 def _per_topic(about: str) -> Metric:
@@ -180,6 +184,9 @@ CATALOG = {
     "end_to_end_latency_seconds": Metric("histogram", ("kafka_writer",), "Source timestamp to "
                                          "the destination's acknowledgement, one sample a "
                                          "run of records (its oldest)"),
+    "step_seconds": Metric("histogram", ALL, "Time one step of the worker's loop took (the "
+                           "stage contract: never more than about 0.1 s; a step over 1 s is "
+                           "logged as a warning)", buckets=STEP_BUCKETS),
     "worker_up": Metric("gauge", ("supervisor",), "1 while the worker runs"),
     "worker_restarts": Metric("counter", ("supervisor",), "Times the supervisor restarted "
                               "the worker"),
@@ -199,13 +206,31 @@ def _escaped(value) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+class Histogram:
+    """One histogram's counts: per bucket (the last one +Inf), their sum, how many. `observe`
+    is cheap enough for every step of a worker's loop."""
+
+    __slots__ = ("bounds", "counts", "sum", "count")
+
+    def __init__(self, bounds: tuple):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+
 class Metrics:
     def __init__(self, labels: dict, path: str | None = None, interval: float = 1.0,
                  prometheus_dir: str | None = None):
         self.labels = {k: str(v) for k, v in labels.items()}
         self.counters: dict[tuple, float] = defaultdict(float)
         self.gauges: dict[tuple, float] = {}
-        self.histograms: dict[tuple, list] = {}  # key -> [bucket counts..., sum, count]
+        self.histograms: dict[tuple, Histogram] = {}
         self.path = path
         self.interval = interval
         self._next_write = 0.0
@@ -229,16 +254,18 @@ class Metrics:
             self.counters.pop(key, None)
 
     def observe(self, name: str, value: float, **labels) -> None:
-        """One observation of a histogram (seconds, for the latency buckets)."""
+        """One observation of a histogram (seconds, in the metric's buckets)."""
+        self.histogram(name, **labels).observe(value)
+
+    def histogram(self, name: str, **labels) -> Histogram:
+        """A histogram of the catalog, to observe into directly where a call per observation
+        counts (the worker's loop times every step)."""
         key = (name, tuple(sorted(labels.items())))
         h = self.histograms.get(key)
         if h is None:
-            h = self.histograms[key] = [0] * (len(LATENCY_BUCKETS) + 1) + [0.0, 0]
-        h[bisect.bisect_left(LATENCY_BUCKETS, value)] += 1
-        h[-2] += value
-        h[-1] += 1
-        if self._mirror is not None:
-            self._mirror.observe(key, value)
+            metric = CATALOG.get(name)
+            h = self.histograms[key] = Histogram(metric.buckets if metric else LATENCY_BUCKETS)
+        return h
 
     def get(self, name: str, **labels) -> float:
         key = (name, tuple(sorted(labels.items())))
@@ -257,15 +284,15 @@ class Metrics:
             lines.append(f"# TYPE {full} {kind}")
             for labels, value in sorted(samples):
                 lines.append(f"{full}{{{self._label_text(labels)}}} {_number(value)}")
-        for (name, labels), h in sorted(self.histograms.items()):
+        for (name, labels), h in sorted(self.histograms.items(), key=lambda kv: kv[0]):
             full = f"diode_{name}"
             lines.append(f"# TYPE {full} histogram")
             cumulative = 0
-            for le, count in zip((*map(str, LATENCY_BUCKETS), "+Inf"), h[:-2]):
+            for le, count in zip((*map(str, h.bounds), "+Inf"), h.counts):
                 cumulative += count
                 lines.append(f"{full}_bucket{{{self._label_text(labels, le=le)}}} {cumulative}")
-            lines.append(f"{full}_sum{{{self._label_text(labels)}}} {_number(h[-2])}")
-            lines.append(f"{full}_count{{{self._label_text(labels)}}} {h[-1]}")
+            lines.append(f"{full}_sum{{{self._label_text(labels)}}} {_number(h.sum)}")
+            lines.append(f"{full}_count{{{self._label_text(labels)}}} {h.count}")
         return "\n".join(lines) + "\n"
 
     def _label_text(self, labels: tuple, **more) -> str:
@@ -296,8 +323,9 @@ class _PrometheusMirror:
     """The worker's metrics in prometheus_client's multiprocess files (`directory`), updated
     once a second from the dicts: counters by what they grew since (a restarted process begins
     again at 0, which Prometheus reads as a counter reset), gauges by their value
-    (multiprocess mode livesum: a dead worker's gauges go with it), histograms by the
-    observations made since."""
+    (multiprocess mode livesum: a dead worker's gauges go with it), histograms by what each
+    bucket and the sum grew since (a step histogram takes thousands of observations a second:
+    replaying them one by one would cost more than the steps)."""
 
     def __init__(self, directory: str, labels: dict):
         os.makedirs(directory, exist_ok=True)
@@ -309,16 +337,11 @@ class _PrometheusMirror:
         self.labels = labels
         self.families: dict = {}     # (exported name, kind) -> prometheus_client metric
         self.exported: dict = {}     # key -> value already exported (counters)
-        self.pending: dict = {}      # histogram key -> observations not yet exported
+        self.histograms: dict = {}   # key -> (bucket counts, sum) already exported
         self._broken: set = set()
 
-    def observe(self, key, value: float) -> None:
-        pending = self.pending.setdefault(key, [])
-        if len(pending) < MAX_PENDING_OBSERVATIONS:
-            pending.append(value)
-
     def _child(self, name: str, kind: str, labels: tuple):
-        from prometheus_client import Counter, Gauge, Histogram
+        from prometheus_client import Counter, Gauge, Histogram as Family
         full = exported_name(name, kind) if kind != "histogram" else f"diode_{name}"
         if (full, kind) in self._broken:
             return None
@@ -332,7 +355,9 @@ class _PrometheusMirror:
             elif kind == "gauge":
                 family = Gauge(full, about, names, registry=None, multiprocess_mode="livesum")
             else:
-                family = Histogram(full, about, names, registry=None, buckets=LATENCY_BUCKETS)
+                family = Family(full, about, names, registry=None,
+                                buckets=CATALOG[name].buckets if name in CATALOG
+                                else LATENCY_BUCKETS)
             self.families[(full, kind)] = family
         try:
             return family.labels(**self.labels, **dict(labels))
@@ -358,11 +383,20 @@ class _PrometheusMirror:
                     if child is not None and grew > 0:
                         child.inc(grew)
                 self.exported[key] = value
-        for key, observed in self.pending.items():
-            child = self._child(key[0], "histogram", key[1]) if observed else None
-            for v in observed if child is not None else ():
-                child.observe(v)
-            observed.clear()
+        for key, h in m.histograms.items():
+            counts, total = self.histograms.get(key, ((0,) * len(h.counts), 0.0))
+            if h.count == sum(counts):
+                continue
+            child = self._child(key[0], "histogram", key[1])
+            if child is not None:
+                # (prometheus_client has no call for many observations at once: its buckets
+                # are not cumulative, one value each, as Histogram.observe increments them)
+                for value, grew in zip(child._buckets, (n - b for n, b in zip(h.counts,
+                                                                               counts))):
+                    if grew:
+                        value.inc(grew)
+                child._sum.inc(h.sum - total)
+            self.histograms[key] = (tuple(h.counts), h.sum)
 
 
 def read_counter(text: str, name: str, **labels) -> float:

@@ -38,6 +38,8 @@ PR_SET_PDEATHSIG = 1
 # data path's objects; the collector only has cycles to find, and finds them on a clock instead:
 # the young generation every second, everything every GC_FULL_SECONDS.
 GC_FULL_SECONDS = 60.0
+SLOW_STEP_SECONDS = 1.0      # a step this long breaks the stage contract: logged
+SLOW_STEP_LOG_SECONDS = 60.0  # at most once this often (with how many since, and the longest)
 
 
 @dataclass
@@ -308,6 +310,8 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherit
     gc.freeze()
     gc.disable()
     next_full_gc = time.monotonic() + GC_FULL_SECONDS
+    steps = metrics.histogram("step_seconds")
+    slow = SlowSteps(spec, topology.supervisor.heartbeat_timeout_seconds)
     try:
         while True:
             if flags["stop"] and not stage.stopping:
@@ -315,9 +319,14 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherit
             if flags["rewind"]:
                 flags["rewind"] = False
                 stage.rewind()
+            began = time.monotonic()
             if not stage.step():
                 break
+            took = time.monotonic() - began
             heartbeats.beat(slot)
+            steps.observe(took)
+            if took > SLOW_STEP_SECONDS:
+                slow.saw(took)
             if metrics.due():  # about once a second
                 metrics.set("cpu_seconds", sum(proc.cpu_times()[:2]))
                 stage.sample_metrics()
@@ -333,6 +342,31 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherit
         metrics.maybe_write(force=True)
         ctx.destroy(linger=0)
     return 0
+
+
+class SlowSteps:
+    """Steps that broke the stage contract, logged at most once per SLOW_STEP_LOG_SECONDS:
+    the first at once, then how many there were since and the longest."""
+
+    def __init__(self, spec: WorkerSpec, timeout: float):
+        self.log = logging.getLogger(f"diode.{spec.name}")
+        self.spec, self.timeout = spec, timeout
+        self.count, self.longest, self.next_log = 0, 0.0, 0.0
+
+    def saw(self, took: float) -> None:
+        self.count += 1
+        self.longest = max(self.longest, took)
+        now = time.monotonic()
+        if now < self.next_log:
+            return
+        self.log.warning("%s: %d step(s) of the %s stage's loop took more than %.0f s (the "
+                         "longest %.1f s) since the last warning; a step should never block "
+                         "for more than ~0.1 s, and the supervisor kills a worker silent for "
+                         "%.0f s: a call in the stage waits on something (a cluster, a disk)",
+                         self.spec.name, self.count, self.spec.stage, SLOW_STEP_SECONDS,
+                         self.longest, self.timeout)
+        self.count, self.longest = 0, 0.0
+        self.next_log = now + SLOW_STEP_LOG_SECONDS
 
 
 def prometheus_dir(run_dir: str, side: str) -> str:

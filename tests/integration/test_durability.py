@@ -13,7 +13,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tests.conftest import create_topic, missing_event, produce, read_until, write_topology
+from diode.runtime import launches
+from tests.conftest import (create_topic, missing_event, produce, read_until, wait_for,
+                            write_topology)
 
 PARTITIONS = 4
 
@@ -24,8 +26,9 @@ def durable_topology(tmp_path, src, dst, **overrides):
                 "stages": {"unpacker": {"instances": 2}, "kafka_writer": {"instances": 2}}}
     receiver.update(overrides.pop("receiver", {}))
     sender = {"heartbeat.interval.ms": 500, **overrides.pop("sender", {})}
+    supervisor = {"restart.max": 20, **overrides.pop("supervisor", {})}
     return write_topology(tmp_path, src.bootstrap, dst.bootstrap, receiver=receiver,
-                          sender=sender, supervisor={"restart.max": 20}, **overrides)
+                          sender=sender, supervisor=supervisor, **overrides)
 
 
 class Stream:
@@ -234,6 +237,39 @@ def test_a_source_cluster_that_stops_answering_does_not_silence_the_sender(tmp_p
     a, out = settled(stream, brokers[1], total, receiver)
     assert not a.missing, a.summary(total)
     assert "no heartbeat from the sender" not in out, out[-3000:]
+    assert sender.stop() == 0 and receiver.stop() == 0
+
+
+def test_a_destination_that_stops_answering_while_its_topics_are_prepared_restarts_nothing(
+        tmp_path, brokers, launch):
+    """The destination frozen (SIGSTOP: every request waits) from before the first record until
+    well past the supervisor's heartbeat timeout, while the writers must read what it holds,
+    create its topics and write the sender's heartbeats there: they ask from a thread, hold the
+    records meanwhile, and go on beating, so no worker is restarted; once it answers every
+    record is written exactly once and none is reported missing."""
+    src, dst = brokers
+    timeout = 6  # the supervisor's heartbeat timeout: a writer waiting on the cluster in its
+    #              loop (a metadata request times out after 5 s) would be killed
+    create_topic(src.bootstrap, "src", PARTITIONS)
+    topo = durable_topology(tmp_path, src, dst, receiver={"heartbeat.topic": "beats"},
+                            supervisor={"heartbeat.timeout.seconds": timeout})
+    sender, receiver = start_pair(launch, topo)
+    total = 6000
+    dst.pause()
+    try:
+        stream = Stream(src.bootstrap, total, 1000).start()
+        wait_for(lambda: receiver.metric("records", "unpacker") > 0, 30,
+                 "records unpacked for the writers")
+        time.sleep(2 * timeout)  # (the outage: the writers hold what comes meanwhile)
+        held = receiver.metric("backlog_records", "kafka_writer")
+    finally:
+        dst.resume()
+    a, out = settled(stream, dst, total, receiver, timeout=180)
+    status = launches.read_status(str(receiver.run_dir))
+    assert status and all(w["restarts"] == 0 for w in status["workers"]), (status, out[-5000:])
+    assert "sent no heartbeat" not in out, out[-5000:]
+    assert not a.missing, a.summary(total) + "\n" + out[-5000:]
+    assert held > 0, "nothing waited for the destination"
     assert sender.stop() == 0 and receiver.stop() == 0
 
 

@@ -29,9 +29,12 @@ def names(text: str) -> set:
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0)
-            found.add(re.sub(r"_(bucket|sum|count)$", "", name)
-                      if "latency_seconds" in name else name)
+            folded = re.sub(r"_(bucket|sum|count)$", "", name)
+            found.add(folded if folded in HISTOGRAMS else name)
     return found
+
+
+HISTOGRAMS = {f"diode_{n}" for n, m in CATALOG.items() if m.kind == "histogram"}
 
 
 NOT_METRICS = {"diode_kafka"}  # diode verify's Spark data source, named in verification.md

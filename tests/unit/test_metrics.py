@@ -145,8 +145,12 @@ m.inc("rejects", 2, reason="auth_failed")
 m.set("journal_bytes", int(sys.argv[2]))
 m.set("cpu_seconds", 1.5)
 m.observe("end_to_end_latency_seconds", 0.02)
+steps = m.histogram("step_seconds")
+for _ in range(15000):  # (more steps than a second of observations was once kept)
+    steps.observe(0.0002)
 m.maybe_write(force=True)
 m.inc("datagrams", 1)
+steps.observe(2.0)
 m.maybe_write(force=True)
 print(__import__("os").getpid())
 """
@@ -163,6 +167,10 @@ print(__import__("os").getpid())
     assert f"diode_journal_bytes{{{labels}}} 20.0" in text  # the live process's alone
     assert f"diode_cpu_seconds_total{{{labels}}} 3.0" in text
     assert f"diode_end_to_end_latency_seconds_count{{{labels}}} 2.0" in text
+    # every step of both lives, in the step buckets
+    assert f"diode_step_seconds_count{{{labels}}} 30002.0" in text
+    assert read_counter(text, "step_seconds_bucket", le="0.00025") == 30000
+    assert read_counter(text, "step_seconds_bucket", le="2.5") == 30002
 
 
 def test_a_stage_exports_every_series_of_its_own_from_zero_and_each_once():
@@ -186,3 +194,17 @@ def test_a_stage_exports_every_series_of_its_own_from_zero_and_each_once():
             assert present != metric.per_topic, name
     m.set("source_lag_records", 3, topic='odd"name')
     assert 'topic="odd\\"name"} 3' in m.text()  # (a label value stays inside its quotes)
+
+
+def test_a_step_that_breaks_the_stage_contract_is_logged_naming_the_worker_at_most_once_a_minute(
+        caplog):
+    from diode.runtime.topology import WorkerSpec
+    from diode.runtime.worker import SlowSteps
+    slow = SlowSteps(WorkerSpec("receiver", "kafka_writer", 1, ()), 20.0)
+    with caplog.at_level("WARNING"):
+        slow.saw(1.5)
+        slow.saw(7.0)  # (within the minute: counted, not logged)
+    [record] = caplog.records
+    assert record.name == "diode.receiver/kafka_writer-1"
+    assert "kafka_writer" in record.getMessage() and "1.5 s" in record.getMessage()
+    assert slow.count == 1 and slow.longest == 7.0  # said with the next warning

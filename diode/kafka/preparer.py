@@ -1,0 +1,153 @@
+"""What a kafka_writer asks of its destination cluster before writing to it, asked off its loop.
+
+Before the first record of a destination topic is produced, the writer must know the topic's
+partition count (and create the topic when it does not exist); before the first record or claim
+of a source topic's partition is offered, what the destination already holds of it
+(diode.kafka.recovery). Both wait on the cluster: seconds when it is slow, up to a create's
+timeout (20 s) when it does not answer. A writer asking in its own loop stops for that long, and
+so do its heartbeats: the supervisor kills a worker silent for
+supervisor.heartbeat.timeout.seconds, and a slow cluster turns into restarts.
+
+A Preparer asks from a thread of its own, with clients of its own (a confluent_kafka client is
+not shared with the loop's), one question at a time in the order they were asked, and hands each
+answer to the loop through a small queue: the loop never waits on the cluster. It asks for one
+topic's metadata (`list_topics(topic=...)`), never for the whole cluster's. The loop asks again
+only once it has the answer, so the questions outstanding are at most one per topic.
+"""
+
+import logging
+import queue
+import threading
+from typing import NamedTuple
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+
+from diode.errors import DiodeError
+from diode.kafka import recovery
+from diode.kafka.clients import admin_config, create_topic
+from diode.kafka.refresh import hand, taken
+
+log = logging.getLogger("diode.kafka.preparer")
+
+METADATA_TIMEOUT = 5.0   # s: one topic's metadata
+CREATE_TIMEOUT = 15.0    # s: a topic's creation (the cluster's operation timeout)
+SETTLE_SECONDS = 5.0     # s: a topic just created may show an error in metadata this long
+SETTLE_POLL = 0.2
+RECOVERY_TIMEOUT = 5.0   # s: reading what the destination holds (diode.kafka.recovery)
+ANSWERS = 64             # answers waiting for the loop; past it the thread waits
+
+
+class TopicAnswer(NamedTuple):
+    topic: str                 # a destination topic
+    partitions: int            # its partition count; 0 when not known (error says why)
+    created: bool              # created by this question
+    error: KafkaError | None   # why it could not be described or created
+
+
+class HoldingsAnswer(NamedTuple):
+    topic: str              # a source topic
+    wanted: frozenset       # the (topic, partition, incarnation) asked about
+    written: dict           # of those, the highest source offset the destination holds
+    reported: dict | None   # the missing ranges already reported (None: not asked)
+    error: str | None       # why the destination could not be read (the rest empty)
+
+
+class Preparer:
+    """`settings`: the destination's librdkafka settings (receiver.kafka)."""
+
+    def __init__(self, settings: dict):
+        self.settings = settings
+        self.questions: queue.Queue = queue.Queue()  # (at most one per topic: see the module)
+        self.answers: queue.Queue = queue.Queue(maxsize=ANSWERS)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="destination-preparer",
+                                        daemon=True)
+
+    def start(self) -> "Preparer":
+        self._thread.start()
+        return self
+
+    def topic(self, topic: str, partitions: int) -> None:
+        """Ask for `topic`'s partition count, creating it with `partitions` if it does not
+        exist; answered by a TopicAnswer."""
+        self.questions.put(("topic", topic, partitions))
+
+    def holdings(self, source_topic: str, destination: str, wanted: set,
+                 missing_topic: str | None, since_ms: int | None) -> None:
+        """Ask what `destination` holds of the (source topic, partition, incarnation) in
+        `wanted` and, with `missing_topic`, the missing ranges reported there since `since_ms`;
+        answered by a HoldingsAnswer."""
+        self.questions.put(("holdings", source_topic, destination, frozenset(wanted),
+                            missing_topic, since_ms))
+
+    def take(self) -> list:
+        """The answers given since the last call, oldest first (never waits)."""
+        return taken(self.answers)
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Ask the thread to stop; a question it is waiting on is not waited for."""
+        self._stop.set()
+        self.questions.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        # never creates a topic by asking for its metadata (a cluster with
+        # auto.create.topics.enable would make it with its default partition count)
+        admin = AdminClient({**admin_config(self.settings), "allow.auto.create.topics": False})
+        while not self._stop.is_set():
+            question = self.questions.get()
+            if question is None:
+                return
+            try:
+                answer = self._prepare_topic(admin, *question[1:]) \
+                    if question[0] == "topic" else self._holdings(*question[1:])
+            except Exception as exc:  # (a bug: answered all the same, the loop must not wait)
+                log.exception("asking the destination about %s failed", question[1])
+                answer = TopicAnswer(question[1], 0, False,
+                                     KafkaError(KafkaError._FAIL, repr(exc))) \
+                    if question[0] == "topic" else \
+                    HoldingsAnswer(question[1], question[3], {}, None, repr(exc))
+            hand(self.answers, answer, self._stop)
+
+    def _prepare_topic(self, admin, topic: str, partitions: int) -> TopicAnswer:
+        try:
+            count, _ = describe(admin, topic)
+            if count:
+                return TopicAnswer(topic, count, False, None)
+            created = create_topic(admin, topic, partitions, CREATE_TIMEOUT)
+            count, error = describe(admin, topic)
+            waited = 0.0
+            while not count and waited < SETTLE_SECONDS and not self._stop.is_set():
+                self._stop.wait(SETTLE_POLL)  # (a topic just made: not in metadata yet)
+                waited += SETTLE_POLL
+                count, error = describe(admin, topic)
+            if not count:
+                raise KafkaException(error or KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+            return TopicAnswer(topic, count, created, None)
+        except KafkaException as exc:
+            return TopicAnswer(topic, 0, False, exc.args[0])
+
+    def _holdings(self, source_topic: str, destination: str, wanted: frozenset,
+                  missing_topic: str | None, since_ms: int | None) -> HoldingsAnswer:
+        try:
+            reported = recovery.last_reported(self.settings, missing_topic, since_ms,
+                                              timeout=RECOVERY_TIMEOUT) \
+                if missing_topic else None
+            written = recovery.last_written(self.settings, destination, set(wanted),
+                                            timeout=RECOVERY_TIMEOUT)
+        except DiodeError as exc:
+            return HoldingsAnswer(source_topic, wanted, {}, None, str(exc))
+        return HoldingsAnswer(source_topic, wanted, written, reported, None)
+
+
+def describe(admin, topic: str) -> tuple[int, KafkaError | None]:
+    """(`topic`'s partition count, None), or (0, the error its metadata gives) when it has none
+    (it does not exist, or not yet everywhere); KafkaException when the cluster does not
+    answer."""
+    md = admin.list_topics(topic=topic, timeout=METADATA_TIMEOUT).topics.get(topic)
+    if md is None:
+        return 0, None
+    if md.error is not None:
+        return 0, md.error
+    return len(md.partitions), None
