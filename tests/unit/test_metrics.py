@@ -198,7 +198,7 @@ def test_a_stage_exports_every_series_of_its_own_from_zero_and_each_once():
 
 def test_a_step_that_breaks_the_stage_contract_is_logged_naming_the_worker_at_most_once_a_minute(
         caplog):
-    from diode.runtime.topology import WorkerSpec
+    from diode.runtime.wiring import WorkerSpec
     from diode.runtime.worker import SlowSteps
     slow = SlowSteps(WorkerSpec("receiver", "kafka_writer", 1, ()), 20.0)
     with caplog.at_level("WARNING"):
