@@ -7,13 +7,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import yaml
 
 from diode.runtime import launches
-from diode.runtime.metrics import read_counter
 from tests.conftest import ROOT, wait_for
 
 KINDS = {"link-loss", "link-burst", "link-reorder", "link-duplicate", "link-corrupt",
@@ -33,9 +31,9 @@ def _log_says(out, text: str) -> bool:
 
 def _written(out) -> float:
     """Records the soak's receiver has written (its launch found by its topology file)."""
-    return sum(read_counter(f.read_text(), "records")
-               for e in launches.running(str(out / "topology-receiver.yaml"))
-               for f in Path(e["run_dir"], "metrics").glob("*-kafka_writer-*.prom"))
+    return sum(c["records"] for e in launches.running(str(out / "topology-receiver.yaml"))
+               for c in launches.worker_counters(e["run_dir"], ("records",),
+                                                 "kafka_writer").values())
 
 
 def test_two_minute_soak_with_every_fault_passes_record_by_record(tmp_path):
