@@ -911,8 +911,7 @@ class Stage(BaseStage):
             if topic not in self.dest_partitions and \
                     not self._ensure_topic(topic, self._source_partitions(run.topic)):
                 trouble = self.topic_trouble.get(topic)
-                if trouble and (trouble[2] or
-                                time.monotonic() - trouble[0] >= TOPIC_GIVE_UP_SECONDS):
+                if topic_given_up(trouble, time.monotonic()):
                     self._dead_letter_run(run, entry[1], topic, trouble[1])
                     continue
                 blocked.add(topic)
@@ -1070,6 +1069,12 @@ def topic_trouble(before, now: float, error) -> tuple:
     if before is not None and code not in CLUSTER_UNAVAILABLE and code not in REFUSED_FOR_GOOD:
         return before
     return (now, error.str(), code in REFUSED_FOR_GOOD)
+
+
+def topic_given_up(trouble, now: float) -> bool:
+    """Whether a destination topic with `trouble` (topic_trouble's, or None) is given up at
+    `now`: its records go to the dead-letter topic."""
+    return trouble is not None and (trouble[2] or now - trouble[0] >= TOPIC_GIVE_UP_SECONDS)
 
 
 def _headers(run: Run, i: int, own) -> list:

@@ -63,6 +63,19 @@ def deep_merge(base: dict, extra: dict) -> dict:
     return out
 
 
+# What starts brokers, Spark or a topology: the tests that take one of these are integration
+# tests, as is every test under tests/integration and tests/spark (./scripts/test --fast
+# leaves them out).
+STARTS_SOMETHING = {"brokers", "start_brokers", "launch", "testbed", "spark"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.parent.name in ("integration", "spark") or \
+                STARTS_SOMETHING & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
 def wait_for(condition, timeout: float, what: str):
     """`condition()`'s first true value within `timeout` seconds, polled; else an
     AssertionError naming `what`."""

@@ -67,7 +67,10 @@ def test_transactional_source_replicates_committed_records_only_without_false_ga
         offsets = [o for _, pp, o in coords if pp == p]
         assert offsets == sorted(offsets)  # in source order
         assert offsets[-1] + 1 > len(offsets)  # holes: markers and aborted records
-    time.sleep(2)  # several heartbeats and reorder waits
+    # several heartbeats after the records: a gap would have passed its reorder wait by then
+    beats = d.metric("heartbeats", "kafka_writer")
+    wait_for(lambda: d.metric("heartbeats", "kafka_writer") >= beats + 5, 30,
+             "five more heartbeats at the writer")
     missing, events = missing_offsets(dst.bootstrap, timeout=3)
     assert [e for e in events if e["type"] == "missing"] == [] and missing == set()
     assert d.metric("missing_records", "kafka_writer") == 0
@@ -93,7 +96,7 @@ def test_compacted_source_loss_is_reported_exactly_for_the_records_that_exist(
         produce(src.bootstrap, "src", [{"key": b"k%03d" % k, "value": b"r%d-%03d" % (round_, k)
                                         + b"." * 40, "partition": k % 2} for k in range(400)])
         produced += 400
-        time.sleep(0.3)
+        time.sleep(0.3)  # (segment.ms is 100: the segment rolls, as the cleaner needs)
 
     def surviving():
         got = consume(src.bootstrap, "src", 1, timeout=10, idle=1)
@@ -194,18 +197,20 @@ def test_idempotent_producer_writes_each_record_once_in_order_across_a_destinati
         for start in range(0, total, 500):
             produce(src.bootstrap, "src", [{"value": b"%06d" % i, "partition": i % partitions}
                                            for i in range(start, start + 500)])
-            time.sleep(0.05)
+            time.sleep(0.05)  # (pacing: the stream lasts across the crash)
     producer = threading.Thread(target=stream, daemon=True)
     producer.start()
     wait_for(lambda: len(consume(dst.bootstrap, "dst_src", 2000, timeout=5)) >= 2000, 60,
              "records to arrive before the crash")
     dst.pause()  # in-flight produce requests time out and are sent again...
-    time.sleep(5)
+    acknowledged = d.metric("records", "kafka_writer")
+    time.sleep(5)  # (longer than request.timeout.ms: the pause under test)
     dst.resume()  # ...and the broker, thawed, receives both
-    time.sleep(2)
+    wait_for(lambda: d.metric("records", "kafka_writer") > acknowledged, 60,
+             "the thawed broker to acknowledge writes")
     os.kill(dst.proc.pid, signal.SIGKILL)
     dst.proc.wait()
-    time.sleep(3)
+    time.sleep(3)  # (the crash under test: 3 s down)
     dst.start()
     producer.join()
     got = consume(dst.bootstrap, "dst_src", total, timeout=120, idle=3)

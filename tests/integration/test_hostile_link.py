@@ -88,7 +88,7 @@ def settle(lk, sent, timeout=60.0):
     Returns (arrived, reported missing, missing-topic events)."""
     deadline = time.monotonic() + timeout
     while True:
-        time.sleep(2)
+        time.sleep(2)  # (polled: each look reads both topics from their start)
         arrived = set(source_coordinates(consume(lk.dst.bootstrap, "dst_src", 1, timeout=5,
                                                  idle=0.5)))
         reported, events = missing_offsets(lk.dst.bootstrap, timeout=3)
@@ -160,19 +160,24 @@ def test_captured_datagrams_replayed_truncated_or_flipped_write_nothing(link):
     create_topic(lk.src.bootstrap, "src", 1)
     produce(lk.src.bootstrap, "src", [{"value": b"real %d" % i} for i in range(500)])
     assert len(consume(lk.dst.bootstrap, "dst_src", 500, timeout=30)) == 500
-    time.sleep(1)  # a heartbeat after the records
-    beats = [json.loads(m.value()) for m in consume(lk.dst.bootstrap, "heartbeats", 2, idle=1)]
-    # link liveness, with what the sender has sent
-    assert any(b["partitions"] == 1 and b["counters"]["records"] >= 500 and b["session"]
-               for b in beats)
-    # and where its chain started (diode verify reads a lost head and tail from these), of
-    # which incarnation, and where the source ended
-    assert {"topic": "src", "partition": 0, "offset": 499, "chainStart": 0,
-            "topicId": topic_id(lk.src.bootstrap, "src"), "sourceEnd": 499,
-            "retired": False} in [s for b in beats for s in b["lastSent"]]
+    # A heartbeat after the records: link liveness, with what the sender has sent, and where
+    # its chain started (diode verify reads a lost head and tail from these), of which
+    # incarnation, and where the source ended
+    sent = {"topic": "src", "partition": 0, "offset": 499, "chainStart": 0,
+            "topicId": topic_id(lk.src.bootstrap, "src"), "sourceEnd": 499, "retired": False}
+    beats = []
+
+    def beat_after_the_records():
+        beats[:] = [json.loads(m.value()) for m in consume(lk.dst.bootstrap, "heartbeats", 2,
+                                                           timeout=10, idle=1)]
+        return any(b["partitions"] == 1 and b["counters"]["records"] >= 500 and b["session"]
+                   and sent in b["lastSent"] for b in beats)
+    wait_for(beat_after_the_records, 30, f"a heartbeat with {sent}")
     assert all(b["sourceCluster"] for b in beats if b["lastSent"])
     assert lk.sender.stop() == 0  # nothing more crosses: what was captured is all there is
-    time.sleep(1)
+    wait_for(lambda: lk.receiver.metric("datagrams", "udp_reader") >= len(cap.datagrams) and
+             lk.receiver.metric("records", "kafka_writer") >= 500, 30,
+             "the receiver to count every datagram the link carried and the records written")
     captured = list(cap.datagrams)
     written = lk.receiver.metric("records", "kafka_writer")
     pids = {n: p.pid for n, p in lk.receiver.workers().items()}
@@ -187,13 +192,13 @@ def test_captured_datagrams_replayed_truncated_or_flipped_write_nothing(link):
     for i, dg in enumerate(hostile):
         s.sendto(dg, ("127.0.0.1", lk.receiver_port))
         if i % 100 == 0:
-            time.sleep(0.01)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and \
-            lk.receiver.metric("datagrams", "udp_reader") < len(captured) + len(hostile):
-        time.sleep(0.2)
-    time.sleep(1.5)
-    assert lk.receiver.metric("datagrams", "udp_reader") == len(captured) + len(hostile)
+            time.sleep(0.01)  # (pacing: the socket's buffer is not what is tested)
+    wait_for(lambda: lk.receiver.metric("datagrams", "udp_reader") >=
+             len(cap.datagrams) + len(hostile) and
+             lk.receiver.metric("rejects", "unpacker", reason="replayed") >= len(captured),
+             30, "every datagram counted and the replayed ones rejected")
+    # (cap.datagrams: with any the link still carried after the sender stopped)
+    assert lk.receiver.metric("datagrams", "udp_reader") == len(cap.datagrams) + len(hostile)
     assert lk.receiver.metric("records", "kafka_writer") == written  # nothing more written
     assert len(consume(lk.dst.bootstrap, "dst_src", 500, timeout=5, idle=1)) == 500
     assert lk.receiver.metric("rejects", "unpacker", reason="replayed") >= len(captured)

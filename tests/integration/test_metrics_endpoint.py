@@ -13,7 +13,8 @@ import urllib.request
 
 from diode.kafka.brokers import free_port
 from diode.runtime.metrics import CATALOG, exported_name
-from tests.conftest import ROOT, Launched, consume, create_topic, produce, write_topology
+from tests.conftest import (ROOT, Launched, consume, create_topic, produce, wait_for,
+                            write_topology)
 
 WORKERS = 6
 
@@ -106,11 +107,13 @@ def test_each_side_serves_every_documented_metric_and_status_shows_the_launch(
                      stage="unpacker") < 1:
             assert time.monotonic() < deadline
             time.sleep(0.5)
-        time.sleep(2)
-        text = scrape(listen["receiver"])
+
+        def dead_gauges_gone():
+            text = scrape(listen["receiver"])
+            return text if len([ln for ln in text.splitlines()
+                                if ln.startswith("diode_reassembly_bytes{")]) == 1 else None
+        text = wait_for(dead_gauges_gone, 30, "the dead unpacker's gauges to go")
         assert sample(text, "diode_sessions_active", stage="unpacker") <= 2  # not summed twice
-        assert len([ln for ln in text.splitlines()
-                    if ln.startswith("diode_reassembly_bytes{")]) == 1
 
         r = subprocess.run([sys.executable, "-m", "diode", "status", str(path), "--json"],
                            capture_output=True, text=True, timeout=60, cwd=ROOT)

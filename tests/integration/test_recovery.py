@@ -123,5 +123,5 @@ def test_an_unreachable_cluster_is_one_clear_error_within_the_timeout(call):
     started = time.monotonic()
     with pytest.raises(DiodeError) as exc:
         call({"bootstrap.servers": where})
-    assert time.monotonic() - started < 6
+    assert time.monotonic() - started < 15  # the 3 s asked, not the default 30 s
     assert where in str(exc.value) and "3 s" in str(exc.value)

@@ -195,7 +195,10 @@ def test_a_topic_recreated_while_the_receiver_is_stopped(tmp_path, brokers, laun
         assert receiver.stop() == 0
 
     def start(topo, receiver):
-        time.sleep(2)  # (the sender finds the new topic meanwhile)
+        # Not a condition: the receiver stays away a while after the recreation, in which the
+        # sender may find the new topic or not (on Apache Kafka it does, by the topic id; on
+        # Tansu not before the new records come); the outcome checked holds either way.
+        time.sleep(2)
         return launch(topo, side="receiver", workers=5)
     a, old, new, _, _ = _stream_and_recreate(tmp_path, brokers, launch, stop, start)
     reasons = {r for rs in a.reported(old).values() for r in rs}

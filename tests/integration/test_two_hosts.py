@@ -14,14 +14,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
 from diode.kafka.brokers import free_port
 from diode.link.linksim import Faults, FaultSettings, LinkSim
 from tests.conftest import (ROOT, consume, create_topic, produce, read_until,
-                            source_coordinates, write_topology)
+                            source_coordinates, wait_for, write_topology)
 
 RECEIVER_WORKERS, SENDER_WORKERS = 3, 3
 
@@ -94,7 +93,8 @@ def test_records_cross_two_hosts_at_the_mtu_and_a_receiver_restart(tmp_path, tes
 
     assert receiver.stop() == 0
     produce(src.bootstrap, "src", records(300, 600))  # sent while no receiver reads
-    time.sleep(2)
+    wait_for(lambda: sender.metric("records", "kafka_reader") >= 900, 60,
+             "the sender to read the records produced while no receiver reads")
     receiver = launch(topo, side="receiver", workers=RECEIVER_WORKERS, where=bed.run_in([]))
     produce(src.bootstrap, "src", records(300, 900))
     written, missing = {}, {}

@@ -4,26 +4,22 @@ and never for a cluster that cannot be reached (an outage is waited out, however
 
 from confluent_kafka import KafkaError
 
-from stages.kafka_writer import TOPIC_GIVE_UP_SECONDS, topic_trouble
-
-
-def given_up(trouble, now) -> bool:  # the rule stages.kafka_writer._produce_backlog applies
-    return trouble[2] or now - trouble[0] >= TOPIC_GIVE_UP_SECONDS
+from stages.kafka_writer import TOPIC_GIVE_UP_SECONDS, topic_given_up, topic_trouble
 
 
 def test_a_destination_cluster_down_for_minutes_never_gives_its_topic_up():
     trouble = None
     for now in range(0, 600, 5):  # ten minutes of "Broker transport failure"
         trouble = topic_trouble(trouble, float(now), KafkaError(KafkaError._TRANSPORT))
-        assert not given_up(trouble, now + 1.0)
+        assert not topic_given_up(trouble, now + 1.0)
     # back, and the cluster will not create it: the 60 s count from when it answered
     trouble = topic_trouble(trouble, 600.0, KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
     trouble = topic_trouble(trouble, 630.0, KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
-    assert not given_up(trouble, 640.0)
-    assert given_up(trouble, 600.0 + TOPIC_GIVE_UP_SECONDS)
+    assert not topic_given_up(trouble, 640.0)
+    assert topic_given_up(trouble, 600.0 + TOPIC_GIVE_UP_SECONDS)
 
 
 def test_a_topic_the_cluster_refuses_for_good_is_given_up_at_once():
     trouble = topic_trouble(None, 0.0, KafkaError(KafkaError._TIMED_OUT))
     trouble = topic_trouble(trouble, 1.0, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
-    assert given_up(trouble, 1.0)
+    assert topic_given_up(trouble, 1.0)
