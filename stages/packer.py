@@ -6,10 +6,14 @@ up to link.datagram.size.bytes (diode.link.batching.DatagramBuilder: a run is cu
 datagram ends), waits at most batch.linger.ms for more records, and tells the
 udp_sender which reader messages each datagram carries. A record too large for one datagram is
 fragmented; one larger than sender.max.record.bytes goes to the dead-letter topic on the source
-cluster and is acknowledged once it is there.
+cluster and is acknowledged once it is there. The loop never waits on the source cluster for
+it: the topic is created from a thread, and a dead letter the producer cannot take yet waits in
+the packer (a few of them at most; then the packer takes no input until they are taken).
 """
 
+import threading
 import time
+from collections import deque
 
 import zmq
 from confluent_kafka import KafkaException, Producer
@@ -21,6 +25,8 @@ from diode.link.batching import DatagramBuilder
 from diode.kafka.clients import admin_config, client_settings, create_topic, producer_config
 from diode.link.records import provenance_headers
 from diode.runtime.worker import Stage as BaseStage
+
+DEAD_LETTERS_WAITING = 8  # dead letters (each over sender.max.record.bytes) held at most
 
 
 class Stage(BaseStage):
@@ -45,12 +51,18 @@ class Stage(BaseStage):
         self.linger = self.t.sender.batch_linger_ms / 1000
         self.first_pending = None
         self.dlq = None
+        self.dlq_topic_ready = threading.Event()  # (set once the topic's creation has answered)
+        self.dead_letters: deque = deque()  # (topic, record, headers, on_delivery) to produce
         self.log.info("session %016x", session)
 
     def step(self):
         now = time.monotonic()
         if self.dlq is not None:
             self.dlq.poll(0)
+            self._produce_dead_letters()
+            if len(self.dead_letters) >= DEAD_LETTERS_WAITING:
+                self.dlq.poll(0.05)  # (waits for the topic or the producer's queue, no input)
+                return True
         if not self.out.flush():
             self.out.sock.poll(50, zmq.POLLOUT)
             return True
@@ -213,7 +225,8 @@ class Stage(BaseStage):
             self._ack(tag)
             return
         if self.dlq is None:
-            self._create_dead_letter_topic(topic)
+            threading.Thread(target=self._create_dead_letter_topic, args=(topic,),
+                             name="dead-letter-topic", daemon=True).start()
             self.dlq = Producer(producer_config(client_settings(self.t, "sender"), **{
                 "message.max.bytes": 1_000_000_000}))  # whatever the source cluster held
         headers = provenance_headers(record) + [
@@ -228,15 +241,24 @@ class Stage(BaseStage):
                                "after the reader's inflight timeout", record.topic,
                                record.partition, record.offset, err)
 
-        while True:
+        self.dead_letters.append((topic, record, headers, delivered))
+        self._produce_dead_letters()
+
+    def _produce_dead_letters(self) -> None:
+        """Hand the waiting dead letters to the producer, in order, once their topic's creation
+        has answered; what its queue cannot take yet waits for a later step."""
+        while self.dead_letters and self.dlq_topic_ready.is_set():
+            topic, record, headers, delivered = self.dead_letters[0]
             try:
                 self.dlq.produce(topic, key=record.key, value=record.value, headers=headers,
                                  on_delivery=delivered)
-                break
             except BufferError:
-                self.dlq.poll(0.1)
+                return
+            self.dead_letters.popleft()
 
     def _create_dead_letter_topic(self, topic: str) -> None:
+        """(On a thread of its own: a source cluster that is slow to answer, up to the
+        create's timeout, never holds up the loop.)"""
         try:
             if create_topic(AdminClient(admin_config(client_settings(self.t, "sender"))),
                             topic, 1):
@@ -244,6 +266,8 @@ class Stage(BaseStage):
         except KafkaException as exc:  # the producer reports what this means for the record
             self.log.warning("could not create the dead-letter topic %s: %s", topic,
                              exc.args[0])
+        finally:
+            self.dlq_topic_ready.set()
 
     def _ack(self, tag):
         reader, msg_id = tag
@@ -253,7 +277,11 @@ class Stage(BaseStage):
             pass  # the reader is gone; its successor re-reads from its commits
 
     def _dlq_done(self):
-        return self.dlq is None or self.dlq.flush(5) == 0
+        """Every dead letter delivered (a step at a time: the drain's timeout bounds it)."""
+        if self.dlq is None:
+            return True
+        self._produce_dead_letters()
+        return not self.dead_letters and self.dlq.flush(0.05) == 0
 
     def close(self):
         if self.dlq is not None:

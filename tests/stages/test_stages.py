@@ -36,13 +36,6 @@ def topology(**receiver_stages):
     })
 
 
-@pytest.fixture
-def zctx():
-    ctx = zmq.Context()
-    yield ctx
-    ctx.destroy(linger=0)
-
-
 def make_stage(zctx, t, side, stage, index=0):
     spec = WorkerSpec(side, stage, index, ())
     ctx = StageContext(t, spec, "inproc", Secrets(1, MASTER), zctx,

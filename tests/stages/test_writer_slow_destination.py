@@ -7,7 +7,6 @@ import tempfile
 import time
 
 import pytest
-import zmq
 
 from diode.link import runs
 from diode.link.records import partition_owner
@@ -18,13 +17,6 @@ from tests.conftest import consume, free_port, source_coordinates
 from tests.stages.test_stages import make_stage, records, source
 
 pytestmark = pytest.mark.integration  # (a broker of each kind is started)
-
-
-@pytest.fixture
-def zctx():
-    ctx = zmq.Context()
-    yield ctx
-    ctx.destroy(linger=0)
 
 
 def writer_topology(bootstrap: str):
