@@ -83,6 +83,7 @@ EXPIRE_SECONDS = 0.02       # waiting runs and claims are looked at this often
 ASK_AGAIN_SECONDS = 1.0      # a replay asked for and not begun yet is asked again
 FLUSH_SECONDS = 2.0          # a checkpoint waits this long at most for acknowledgements
 FLUSH_STEP_SECONDS = 0.02    # ... and one step this long (twice at most: records, events)
+QUEUE_FULL_WAIT_MS = 5       # the producer's queue is full: wait this long for input, not spin
 METADATA_AGAIN_SECONDS = 1.0  # a destination topic not known yet is asked about this often
 RECOVER_AGAIN_SECONDS = 5.0  # the destination could not be read: try again after this
 TOPIC_GIVE_UP_SECONDS = 60.0  # a destination topic the cluster answers for and will not
@@ -142,6 +143,7 @@ class Stage(BaseStage):
         self.backlog = deque()            # [run, next index, columns, extra headers] not yet
         #                                   all produced (the extra: a resent run's ticket)
         self.backlog_records = 0          # records in the backlog
+        self.queue_full = False           # the producer's queue refused the backlog's head
         # (topic, partition) -> SourcePartition: a PartitionState per incarnation heard of
         self.sources: dict = {}
         # the source as the sender last looked at it (wire.KIND_SOURCE): (topic, partition) ->
@@ -218,7 +220,8 @@ class Stage(BaseStage):
             if self.backlog or self.event_queue:
                 self.producer.poll(0.05)  # the destination is slow or down: wait, keep order
             return True
-        got = self.input.poll(0 if self.backlog and not self._backlog_waits() else 50)
+        got = self.input.poll(QUEUE_FULL_WAIT_MS if self.queue_full else
+                              0 if self.backlog and not self._backlog_waits() else 50)
         if self.drained(idle=not got and not self.backlog):
             return self._finish()
         if got:
@@ -901,6 +904,7 @@ class Stage(BaseStage):
         now_ms = int(time.time() * 1000)
         written_at = [(stamp, str(now_ms).encode())] if stamp else []
         backlog, kept, blocked = joined(self.backlog), deque(), set()
+        self.queue_full = False
         while backlog:
             entry = backlog.popleft()
             run = entry[0]
@@ -932,6 +936,7 @@ class Stage(BaseStage):
             self.produced += done - entry[1]
             self.backlog_records -= done - entry[1]
             if done < len(run):  # the producer's queue is full: the rest waits, in order
+                self.queue_full = True
                 entry[1] = done
                 kept.append(entry)
                 kept.extend(backlog)

@@ -415,3 +415,35 @@ def test_writer_resumes_a_run_where_a_full_queue_stopped_it(zctx, room, per_poll
                                     "sourceTopicId": identity.text(NO_INCARNATION).encode()}
     assert w.produced == 40 and w.backlog_records == 0
     w.close()
+
+
+class StuckProducer(FillingProducer):
+    """A destination that takes `room` records and then nothing: poll waits its timeout, as
+    librdkafka's does when nothing is delivered (delivery reports for errors only)."""
+
+    def __init__(self, room):
+        super().__init__(room, 0)
+
+    def poll(self, timeout=0):
+        time.sleep(timeout)
+        return 0
+
+
+def test_a_writer_whose_producer_queue_is_full_waits_instead_of_spinning(zctx):
+    """The destination takes nothing more and no input comes: each step waits (for input, or
+    for the producer), so the worker does not burn a core while the destination is behind."""
+    w = make_stage(zctx, topology(kafka_writer=1), "receiver", "kafka_writer")
+    w.producer.flush(0)
+    w.producer = StuckProducer(room=3)
+    w.dest_partitions["t"] = 8
+    w.backlog.append([runs.Run.decode(runs.from_records(records(40), 8)), 0, None, ()])
+    w.backlog_records += 40
+    steps, cpu = 0, time.process_time()
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        w.step()
+        steps += 1
+    assert w.produced == 3 and w.backlog_records == 37  # held, in order, nothing dropped
+    assert steps < 200, f"{steps} steps in 0.5 s: the loop spins on a full queue"
+    assert time.process_time() - cpu < 0.25
+    w.close()
