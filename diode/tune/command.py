@@ -168,6 +168,14 @@ def verify(bench: Bench, advice: dict, mix: list, seconds: float = VERIFY_SECOND
             and window.missing == 0}
 
 
+def busy_cores(machine, limit: float) -> str:
+    """Why no rate fits: what else runs here already holds every core at the limit."""
+    loads = ", ".join(f"{c}: {machine.busy.get(c, 0.0):.0%}" for c in machine.cores)
+    return (f"no rate fits on this machine now: other processes already keep every core "
+            f"this process may use at or over {limit:.0%} ({loads}); run diode tune when "
+            f"they are done, or on the host the side will run on")
+
+
 def verify_table(v: dict) -> str:
     lines = [f"verify: asked {v['rate']:,.0f} records/s, achieved {v['achieved']:,} over "
              f"{v['seconds']:g} s ({v['errors']['rate']:+.0%}), {v['missing']} reported missing",
@@ -237,7 +245,11 @@ def main(args) -> int:
         advice = advise(t, measured, rate, machine, facts, args.utilisation)
         new = edit.proposed_text(text, advice["topology"])
         advice["diff"] = edit.diff(args.topology, text, new)
-        if args.verify:
+        if args.verify and advice["max_rate"] < 1:
+            # (every core is at the limit with what else runs here: no plan to run)
+            advice["not_verified"] = busy_cores(machine, args.utilisation)
+            say(f"not verifying: {advice['not_verified']}")
+        elif args.verify:
             say(f"verifying the plan: {VERIFY_SECONDS:.0f} s of the proposed topology")
             advice["verify"] = verify(bench, advice, mix)
     if args.write and advice["diff"]:

@@ -32,7 +32,11 @@ def test_tune_measures_the_demo_topology_writes_the_plan_and_proves_it(tmp_path)
         assert p["cost_us_per_record"] > 0, (stage, advice)  # every stage did work
         assert p["instances"] >= 1 and p["cores"]
         assert p["side"] == SIDES[stage]
-    assert advice["max_rate"] > 0 and advice["bottleneck"] and "sysctl" in advice
+    assert advice["bottleneck"] and "sysctl" in advice
+    if advice["max_rate"] == 0:  # other work holds every core at the limit: it says so
+        assert r.returncode == 1 and "verify" not in advice, r.stderr[-2000:]
+        assert "other processes already keep every core" in advice["not_verified"]
+        return
     # the plan ran: records crossed, none was lost, and what it achieved is set against the
     # prediction; the exit status says whether the plan fits and was achieved
     v = advice["verify"]

@@ -278,3 +278,16 @@ def test_live_finds_no_launch_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("DIODE_STATE_DIR", str(tmp_path))
     with pytest.raises(DiodeError, match="no diode launch is running"):
         live.find(None, None)
+
+
+def test_a_machine_whose_cores_other_work_holds_at_the_limit_fits_no_rate_and_says_why():
+    """Nothing is left to plan on: max rate 0, and diode tune names the cores' load instead of
+    verifying a plan at 0 records/s."""
+    from diode.tune.command import busy_cores
+    m = Machine(cores=(0, 1), busy={0: 0.9, 1: 0.75})
+    d = decide("sender", SENDER, 1000, m)
+    assert not d.fits and d.max_rate == 0
+    assert busy_cores(m, 0.6) == ("no rate fits on this machine now: other processes already "
+                                  "keep every core this process may use at or over 60% (0: "
+                                  "90%, 1: 75%); run diode tune when they are done, or on the "
+                                  "host the side will run on")
