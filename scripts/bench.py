@@ -76,6 +76,9 @@ def parse_args(argv):
     ap.add_argument("--broker", default="kafka", choices=KINDS,
                     help="embedded broker kind for both clusters (default kafka: Apache Kafka)")
     ap.add_argument("--compression", default="none", choices=("none", "gzip", "zstd", "lz4"))
+    ap.add_argument("--null-keys", action="store_true",
+                    help="records as a producer makes them by default: no key and no header "
+                         "(else a key and one header each)")
     ap.add_argument("--compressible", action="store_true",
                     help="values half random, half a repeated pattern (about 2:1), instead of "
                          "random bytes (incompressible)")
@@ -198,7 +201,8 @@ def measure_all(b: Bench, modes: list, sizes: list, results: dict) -> None:
         src = res.broker(f"source-{size_name}", b.work)  # fresh per size
         topic = f"bench-{size_name}"
         create_topic(src.bootstrap, topic)
-        secs, ends = preproduce(src.bootstrap, topic, n, size, args.compressible)
+        secs, ends = preproduce(src.bootstrap, topic, n, size, args.compressible,
+                                args.null_keys)
         log(f"pre-produced {n} records of {size} B to {topic} in {secs:.1f} s")
         if set(modes) & {"sender", "receiver"}:  # the modes that commit offsets
             warm_up_offsets(src.bootstrap, topic)
@@ -233,6 +237,7 @@ def main(argv) -> int:
         "machine": {"nproc": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform(), "rmem_max": net.rmem_max()},
         "settings": {"compression": args.compression, "compressible": args.compressible,
+                     "null_keys": args.null_keys,
                      "cipher": "aes-256-gcm", "datagram_bytes": args.datagram_bytes,
                      "path": args.path, "mtu": args.mtu if args.path == "veth" else None,
                      "offload": not args.no_offload,

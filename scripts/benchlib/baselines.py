@@ -150,8 +150,8 @@ def produce_main(argv) -> int:
 def live_main(argv) -> int:
     """--live's traffic: produce the records to the (new) source topic at full speed, once."""
     from .workload import preproduce
-    bootstrap, topic, count, size, compressible = argv[0], argv[1], int(argv[2]), \
-        int(argv[3]), argv[4] == "1"
-    seconds, _ = preproduce(bootstrap, topic, count, size, compressible)
+    bootstrap, topic, count, size, compressible, null_keys = argv[0], argv[1], int(argv[2]), \
+        int(argv[3]), argv[4] == "1", argv[5] == "1"
+    seconds, _ = preproduce(bootstrap, topic, count, size, compressible, null_keys)
     print(f"produced {count} record(s) in {seconds:.1f} s", flush=True)
     return 0

@@ -41,7 +41,7 @@ def go_live(b: Bench, s: Source, cpu, started: float) -> float:
     cpu.rebase()  # startup is not what a live run measures
     started = time.monotonic()
     proc = b.res.popen(bench_mode("_live", s.broker.bootstrap, s.topic, s.count, s.value_size,
-                                  int(b.args.compressible)),
+                                  int(b.args.compressible), int(b.args.null_keys)),
                        log_path=os.path.join(b.work, f"live-{s.topic}.log"))
     cpu.add_apart("producer", proc.pid)
     return started

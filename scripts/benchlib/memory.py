@@ -158,7 +158,8 @@ def run(b: Bench) -> dict:
     src = res.broker("source-memory", b.work)
     topic = "bench-memory"
     create_topic(src.bootstrap, topic)
-    secs, ends = preproduce(src.bootstrap, topic, n, size, args.compressible)
+    secs, ends = preproduce(src.bootstrap, topic, n, size, args.compressible,
+                            args.null_keys)
     log(f"pre-produced {n} records of {size} B to {topic} in {secs:.1f} s")
     s = Source("memory", size, n, src, topic, ends)
     try:

@@ -46,8 +46,9 @@ def create_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> No
 
 
 def preproduce(bootstrap: str, topic: str, count: int, size: int,
-               compressible: bool) -> tuple[float, dict]:
-    """Produce `count` records (a key and one header each) to a new topic. Returns the seconds it
+               compressible: bool, null_keys: bool = False) -> tuple[float, dict]:
+    """Produce `count` records (a key and one header each; with `null_keys`, as a producer does
+    by default: no key, no header) to a new topic. Returns the seconds it
     took and each partition's end offset, from the delivery reports: exact on every broker
     (Tansu's "latest" offset is not, docs/design.md §8). Fails unless all are acknowledged."""
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all",
@@ -69,8 +70,11 @@ def preproduce(bootstrap: str, topic: str, count: int, size: int,
         value = make_value(size, compressible)
         while True:
             try:
-                p.produce(topic, value=value, key=b"key-%d" % i,
-                          headers=[("bench", b"%d" % i)], on_delivery=delivered)
+                if null_keys:
+                    p.produce(topic, value=value, on_delivery=delivered)
+                else:
+                    p.produce(topic, value=value, key=b"key-%d" % i,
+                              headers=[("bench", b"%d" % i)], on_delivery=delivered)
                 break
             except BufferError:
                 p.poll(0.05)
