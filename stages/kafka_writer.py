@@ -479,8 +479,7 @@ class Stage(BaseStage):
             return False
         count = min(max(self.source_partitions.get(topic, 1), partition + 1), MAX_PARTITIONS)
         wanted = {(topic, p, incarnation) for p in range(count) if self._owns(topic, p)}
-        wanted |= {(topic, i.partition, i.incarnation) if isinstance(i, Run) else i[:3]
-                   for i in waiting}
+        wanted |= {waiting_for(i) for i in waiting}
         wanted.add((topic, partition, incarnation))
         wanted -= self.recovered
         missing_topic = self.r.missing_records_topic if self.reported is None else None
@@ -521,9 +520,7 @@ class Stage(BaseStage):
         self.recovered |= wanted
         kept = []
         for item in self.unrecovered.pop(topic, []):  # in the order they came
-            key = (item.topic, item.partition, item.incarnation) if isinstance(item, Run) \
-                else item[:3]
-            if key not in self.recovered:
+            if waiting_for(item) not in self.recovered:
                 kept.append(item)
             elif isinstance(item, Run):
                 self.backlog_records -= len(item)
@@ -543,11 +540,7 @@ class Stage(BaseStage):
                 self._recovered(answer)
         for topic, waiting in list(self.unrecovered.items()):
             if waiting and ("holdings", topic) not in self.asked:
-                item = waiting[0]
-                if isinstance(item, Run):
-                    self._recover(item.topic, item.partition, item.incarnation)
-                else:
-                    self._recover(*item[:3])
+                self._recover(*waiting_for(waiting[0]))
 
     def _low_water(self):
         """The journal position below which nothing this writer still needs lies: None until
@@ -1074,6 +1067,12 @@ def topic_trouble(before, now: float, error) -> tuple:
     if before is not None and code not in CLUSTER_UNAVAILABLE and code not in REFUSED_FOR_GOOD:
         return before
     return (now, error.str(), code in REFUSED_FOR_GOOD)
+
+
+def waiting_for(item) -> tuple:
+    """(source topic, partition, incarnation) of a run or a heartbeat's claim waiting for what
+    the destination holds of it (the writer's `unrecovered`)."""
+    return (item.topic, item.partition, item.incarnation) if isinstance(item, Run) else item[:3]
 
 
 def topic_given_up(trouble, now: float) -> bool:
