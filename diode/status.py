@@ -57,15 +57,16 @@ def _per_worker(texts: list[str], name: str) -> dict:
     return out
 
 
-def per_topic(texts, name: str) -> dict:
-    """topic -> the metric's value summed over workers (its samples labelled by topic)."""
+def per_topic(texts, name: str, label: str = "topic") -> dict:
+    """topic (or the value of `label`) -> the metric's value summed over workers (its samples
+    labelled by topic)."""
     out: dict = {}
     for text in texts if isinstance(texts, list) else [texts]:
         for line in text.splitlines():
-            if not line.startswith(f"diode_{name}{{") or 'topic="' not in line:
+            if not line.startswith(f"diode_{name}{{") or f'{label}="' not in line:
                 continue
             labels, value = line[line.index("{") + 1:].rsplit("} ", 1)
-            topic = labels.split('topic="', 1)[1]
+            topic = labels.split(f'{label}="', 1)[1]
             end = next(i for i, c in enumerate(topic) if c == '"' and
                        (len(topic[:i]) - len(topic[:i].rstrip("\\"))) % 2 == 0)
             topic = topic[:end].replace('\\"', '"').replace("\\\\", "\\")
@@ -142,6 +143,9 @@ def launch_status(entry: dict, before: dict, after: dict, topology=None) -> dict
                                             per_topic(text, "source_held_records"),
                                             per_topic(text, "missing_at_risk_records"))]
                    for t, lag in sorted(lag.items())} if receiver else None,
+        "metadata": {"topics": per_topic(after["texts"], "metadata_synced_timestamp_seconds"),
+                     "groups": per_topic(after["texts"], "group_synced_timestamp_seconds",
+                                         "group")} if receiver else None,
         "source_state": statedir.held(topology.resolve(topology.receiver.journal_dir))
         if receiver and topology is not None and topology.receiver.journal_enabled else None,
         "sender": {"inflight_records": int(total("inflight_records")),
@@ -195,6 +199,11 @@ def render(s: dict) -> str:
             lines.append(f"  source {topic}: {src['lag_records']} records behind, "
                          f"{src['held_records']} still held there (as the sender last looked); "
                          f"{src['missing_at_risk_records']} missing records at risk")
+        now = time.time()
+        for kind, what in (("topics", "metadata of {} synced"),
+                           ("groups", "group {} offsets synced")):
+            for name, at in sorted(((s.get("metadata") or {}).get(kind) or {}).items()):
+                lines.append(f"  {what.format(name)} {_age(max(0.0, now - at))} ago")
     if s.get("source_state") is not None:
         held = s["source_state"]
         lines.append(f"  state held for {len(held)} source partition(s), as of the last "

@@ -24,6 +24,7 @@ the log was truncated) is looked at the same way, then read from its start in a 
 """
 
 import os
+import re
 import time
 from collections import deque
 from itertools import groupby
@@ -39,6 +40,7 @@ from diode.link import runs
 from diode.runtime import transport
 from diode.kafka import identity, lineage
 from diode.kafka.clients import TopicSelector, admin_config, consumer_config
+from diode.kafka.metadata import MetadataWatcher, Sent
 from diode.kafka.refresh import PartitionWatcher, topic_ids
 from diode.kafka.offsets import SentTracker
 from diode.link.records import RESEND, partition_owner
@@ -93,6 +95,15 @@ class Stage(BaseStage):
             s.source_state_interval_ms / 1000).start()
         if self.resend is not None:
             self._resend_identities()
+        # reader 0 sends the source's metadata (diode.kafka.metadata); none for a resend
+        self.metadata = None
+        if self.selector.index == 0 and self.resend is None:
+            self.metadata = MetadataWatcher(
+                consumer_config(self.t), self.selector.matches, s.metadata_topic_configs,
+                [re.compile(p) for p in s.groups], s.refresh_topics_interval_seconds).start()
+        self.meta_sent = Sent()
+        self.look = None  # the watcher's latest look
+        self.next_whole = 0.0  # when everything is sent next
         # the digests of the ranges read (diode.accounting.digests); none for a resend
         self.digester = Digester(s.digest_records, s.digest_interval_ms / 1000) \
             if s.digest_records and self.resend is None else None
@@ -382,6 +393,8 @@ class Stage(BaseStage):
             return self._drain_step(now)
         if now >= self.next_refresh:
             self._refresh()
+            if self.metadata is not None:
+                self._send_metadata(now)
             self.next_refresh = now + REFRESH_TAKE_SECONDS
         if self.out.flush() and self.tracker.inflight < self.t.sender.max_inflight_records \
                 and self.assigned:
@@ -490,6 +503,31 @@ class Stage(BaseStage):
                  "cluster": self.lineage.cluster, "partitions": parts,
                  "topics": [[t, *found.settings[t]] for t in sorted(found.settings)]}
         self.out.put([transport.dumps(("source", state))])
+
+    def _send_metadata(self, now: float) -> None:
+        """The source's metadata (wire.KIND_METADATA) as the watcher last found it: what
+        changed since it was last sent, or all of it every sender.metadata.interval.ms."""
+        for look in self.metadata.take():
+            if look.error is not None:
+                self.log.warning("cannot read the source cluster's metadata (%s); retrying",
+                                 look.error)
+                self.metrics.inc("errors", reason="metadata")
+            else:
+                self.look = look
+        whole = now >= self.next_whole
+        if self.look is None or self.out.full:
+            return  # (not sent: the next step tries again)
+        topics, positions = self.meta_sent.changes(self.look, whole)
+        if not topics and not positions:
+            return
+        look = self.look
+        self.out.put([transport.dumps(("metadata", {
+            "reader": self.ctx.spec.index, "time_ms": look.time_ms, "cluster": look.cluster,
+            "whole": whole, "topics": topics, "groups": positions}))])
+        self.meta_sent.sent(look)
+        self.metrics.inc("metadata_sent")
+        if whole:
+            self.next_whole = now + self.t.sender.metadata_interval_ms / 1000
 
     def _send_digests(self, now: float) -> None:
         """The digests closed, and those of ranges open long enough, to the packers
@@ -614,6 +652,8 @@ class Stage(BaseStage):
     def close(self):
         if self.watcher is not None:
             self.watcher.close()
+        if self.metadata is not None:
+            self.metadata.close()
         self.consumer.close()
 
 

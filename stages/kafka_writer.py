@@ -57,13 +57,14 @@ import json
 import time
 from collections import deque
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from diode.runtime import checkpoints, statedir, transport
 from diode.kafka import identity
 from diode.errors import RejectedDatagram
 from diode.kafka.clients import client_settings, produce_run, producer_config, record_headers
-from diode.kafka.preparer import HoldingsAnswer, Preparer, TopicAnswer
+from diode.kafka.metasync import MetadataSync, pins
+from diode.kafka.preparer import METADATA_TIMEOUT, HoldingsAnswer, Preparer, TopicAnswer
 from diode.accounting import tickets
 from diode.accounting.ordering import PartitionState, SourcePartition
 from diode.accounting.ranges import merge
@@ -85,6 +86,7 @@ FLUSH_SECONDS = 2.0          # a checkpoint waits this long at most for acknowle
 FLUSH_STEP_SECONDS = 0.02    # ... and one step this long (twice at most: records, events)
 QUEUE_FULL_WAIT_MS = 5       # the producer's queue is full: wait this long for input, not spin
 METADATA_AGAIN_SECONDS = 1.0  # a destination topic not known yet is asked about this often
+GROW_AGAIN_SECONDS = 60.0  # a destination topic with fewer partitions than its source's, same
 RECOVER_AGAIN_SECONDS = 5.0  # the destination could not be read: try again after this
 TOPIC_GIVE_UP_SECONDS = 60.0  # a destination topic the cluster answers for and will not
 #                               create or describe this long: dead letters
@@ -133,12 +135,22 @@ class Stage(BaseStage):
         # its end-to-end latency is observed once the destination has acknowledged as many.
         self.latency_marks: deque = deque(maxlen=MAX_LATENCY_MARKS)
         # what the destination says of its topics and holds, asked off this loop
-        self.preparer = Preparer(kafka).start()
+        self.preparer = Preparer(kafka, lambda topic: pins(r.topic_configs, topic),
+                                 self._producer_knows).start()
+        # writer 0 applies the source's metadata to the destination (diode.kafka.metasync)
+        self.sync = MetadataSync(kafka, r, self.destination).start() \
+            if ctx.spec.index == 0 else None
+        self.meta_times: dict = {}    # source topic or (group, topic, partition) -> the time
+        #                               of the newest metadata taken for it
+        self.meta_topics: dict = {}   # source topic -> its metadata, not yet applied
+        self.meta_groups: dict = {}   # (group, topic, partition) -> (incarnation, offset), same
         self.asked: set = set()  # questions it has not answered yet: ("topic", destination
         #                          topic) and ("holdings", source topic), one each at most
         self.dest_partitions: dict = {}   # destination topic -> partition count
         self.source_partitions: dict = {}  # source topic -> partition count (from the sender)
         self.next_metadata: dict = {}     # topic -> when its metadata may be asked again
+        self.grow_again: dict = {}        # topic -> when its count may be asked again for a
+        #                                   partition it lacks
         self.topic_trouble: dict = {}     # destination topic -> (since, error, for good)
         self.backlog = deque()            # [run, next index, columns, extra headers] not yet
         #                                   all produced (the extra: a resent run's ticket)
@@ -199,6 +211,8 @@ class Stage(BaseStage):
             self.events.poll(0)
         if self.flushing is None and (self.asked or self.unrecovered):
             self._prepared()  # (not while a checkpoint's state waits to be saved)
+        if self.sync is not None and self.sync.busy:
+            self._sync()
         self._produce_events()
         self._acknowledged(len(self.producer))
         now = time.monotonic()
@@ -303,6 +317,8 @@ class Stage(BaseStage):
             for state in sources:
                 if state.get("kind") == "digests":
                     self._digests(state)
+                elif state.get("kind") == "metadata":
+                    self._metadata(state)
                 else:
                     self._source(state)
             if mark is not None and self.trusted[index]:
@@ -732,6 +748,55 @@ class Stage(BaseStage):
             if topic in self.topic_settings or len(self.topic_settings) < MAX_PARTITIONS:
                 self.topic_settings[topic] = (retention_ms, retention_bytes, policy)
 
+    def _metadata(self, meta: dict) -> None:
+        """The source's metadata (writer 0): kept, newest per topic and group partition (a
+        journal replay brings older looks again), until the MetadataSync takes it."""
+        if self.sync is None:
+            return
+        when = meta["time_ms"]
+        for topic, *entry in meta["topics"]:
+            if self._newer(topic, when):
+                self.meta_topics[topic] = tuple(entry)
+        for group, topic, partition, incarnation, offset in meta["groups"]:
+            if self._newer((group, topic, partition), when):
+                self.meta_groups[(group, topic, partition)] = (incarnation, offset)
+        self._sync()
+
+    def _newer(self, key, when: int) -> bool:
+        if self.meta_times.get(key, -1) > when:
+            return False
+        if key not in self.meta_times and len(self.meta_times) >= MAX_PARTITIONS:
+            return False  # (bounded: as many topics and group partitions as partitions)
+        self.meta_times[key] = when
+        return True
+
+    def _sync(self) -> None:
+        """Take the MetadataSync's reports; hand it what waits once it is done."""
+        for report in self.sync.take():
+            self._synced(report)
+        if not self.sync.busy and (self.meta_topics or self.meta_groups):
+            self.sync.hand(self.meta_topics, self.meta_groups)
+            self.meta_topics, self.meta_groups = {}, {}
+
+    def _synced(self, report) -> None:
+        what = "source topic" if report.kind == "topic" else "consumer group"
+        if report.error is not None:
+            self.log.warning("cannot apply the metadata of %s %s to the destination: %s "
+                             "(the sender sends it again)", what, report.name, report.error)
+            self.metrics.inc("errors", reason="metadata")
+            return
+        for reason, text in report.done:
+            self.log.info("metadata of %s %s: %s", what, report.name, text)
+            self.metrics.inc("metadata_changes", reason=reason)
+        for reason, text in report.refused:
+            self.log.warning("metadata of %s %s: %s", what, report.name, text)
+            self.metrics.inc("metadata_refused", reason=reason)
+        if report.kind == "topic":
+            self.metrics.set("metadata_synced_timestamp_seconds", report.at,
+                             topic=report.name)
+        else:
+            self.metrics.set("group_synced_timestamp_seconds", report.at, group=report.name)
+
     def _digests(self, batch: dict) -> None:
         """The sender's digests of ranges it read (diode.accounting.digests): to
         receiver.digest.topic, for diode verify. A resend's say how many records the source
@@ -905,6 +970,9 @@ class Stage(BaseStage):
             if topic in blocked:
                 kept.append(entry)
                 continue
+            if topic in self.dest_partitions and run.partition >= self.dest_partitions[topic] \
+                    and self._grown(topic, run):
+                del self.dest_partitions[topic]  # (asked again: raised to the source's count)
             if topic not in self.dest_partitions and \
                     not self._ensure_topic(topic, self._source_partitions(run.topic)):
                 trouble = self.topic_trouble.get(topic)
@@ -920,8 +988,18 @@ class Stage(BaseStage):
                     run, own, [*written_at, *entry[3]] if entry[3] else written_at))
             partition = run.partition if run.partition < self.dest_partitions[topic] else -1
             keys, values, _, headers = entry[2]
-            done = produce_run(self.producer, topic, partition, run, keys, values, headers,
-                               entry[1])
+            try:
+                done = produce_run(self.producer, topic, partition, run, keys, values,
+                                   headers, entry[1])
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError._UNKNOWN_PARTITION:
+                    raise
+                # (the producer does not know a partition added just now yet: the Preparer
+                # refreshes its metadata when it is asked again)
+                del self.dest_partitions[topic]
+                blocked.add(topic)
+                kept.append(entry)
+                continue
             if done > entry[1] and run.types[entry[1]]:  # one sample a run: its oldest record
                 self.latency_marks.append((self.produced + 1, run.timestamps[entry[1]]))
             if entry[1] == 0 < done:  # (once a run, not at every retry; without its headers)
@@ -1015,6 +1093,23 @@ class Stage(BaseStage):
         """The partition count the sender gave for a source topic (a new destination's)."""
         return max(1, min(int(self.source_partitions.get(source_topic, 1)), MAX_PARTITIONS))
 
+    def _producer_knows(self, topic: str) -> None:
+        """From the Preparer's thread: the producer's metadata of `topic` refreshed (it holds
+        a count for minutes, and refuses records of partitions added since)."""
+        self.producer.list_topics(topic=topic, timeout=METADATA_TIMEOUT)
+
+    def _grown(self, topic: str, run: Run) -> bool:
+        """Whether a destination topic's count should be asked again: a run of a partition it
+        lacks, whose source topic has more partitions than it (the source's count was raised;
+        the Preparer raises the destination's). At most once per GROW_AGAIN_SECONDS: a
+        destination that cannot raise it gets the partition's records spread by key."""
+        now = time.monotonic()
+        if run.partition_count <= self.dest_partitions[topic] or \
+                now < self.grow_again.get(topic, 0.0):
+            return False
+        self.grow_again[topic] = now + GROW_AGAIN_SECONDS
+        return True
+
     def _ensure_topic(self, topic: str, partitions: int) -> bool:
         """Whether a destination topic's partition count is known. False until then: the
         Preparer is asked (at most once per METADATA_AGAIN_SECONDS per topic) to learn it,
@@ -1053,6 +1148,8 @@ class Stage(BaseStage):
     def close(self):
         self._export_held()  # (the last metrics are written after close)
         self.preparer.close()
+        if self.sync is not None:
+            self.sync.close()
         self.producer.flush(1)
         if self.events is not None:
             self.events.flush(1)

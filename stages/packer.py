@@ -85,6 +85,9 @@ class Stage(BaseStage):
             if message[0] == "digests":
                 self._digests(message[1])
                 continue
+            if message[0] == "metadata":
+                self._metadata(message[1])
+                continue
             _, reader, msg_id, counts = message
             for run, count in zip(frames[1:], counts):
                 self._emit(*self.builder.add(run.buffer, (reader, msg_id), count))
@@ -192,6 +195,31 @@ class Stage(BaseStage):
         datagrams = [self.sealer.seal(wire.encode_digests({**batch, "partitions": chunk}),
                                       wire.KIND_DIGEST)
                      for chunk in self._chunks(batch["partitions"], batch["cluster"])]
+        self._put(datagrams, [[] for _ in datagrams])
+        self.metrics.inc("heartbeat_datagrams", len(datagrams))
+
+    def _metadata(self, meta: dict):
+        """Seal the source's metadata (wire.KIND_METADATA), its topics and group offsets over
+        as many datagrams as they need (each entry measured as encoded)."""
+        empty = {**meta, "topics": [], "groups": []}
+        base = len(wire.encode_metadata(empty))
+        room = self.builder.budget - base
+        chunks, chunk, size = [], {"topics": [], "groups": []}, 0
+        for field in ("topics", "groups"):
+            for entry in meta[field]:
+                n = len(wire.encode_metadata({**empty, field: [entry]})) - base
+                if n > room:
+                    self.log.error("the metadata of %s does not fit in a datagram: not sent",
+                                   entry[0])
+                    continue
+                if size + n > room:
+                    chunks.append(chunk)
+                    chunk, size = {"topics": [], "groups": []}, 0
+                chunk[field].append(entry)
+                size += n
+        chunks.append(chunk)
+        datagrams = [self.sealer.seal(wire.encode_metadata({**meta, **c}), wire.KIND_METADATA)
+                     for c in chunks]
         self._put(datagrams, [[] for _ in datagrams])
         self.metrics.inc("heartbeat_datagrams", len(datagrams))
 

@@ -138,6 +138,9 @@ class Stage(BaseStage):
             if h.kind == wire.KIND_DIGEST:
                 self._digests(wire.decode_digests(payload), msgs)
                 return
+            if h.kind == wire.KIND_METADATA:  # (writer 0 applies it: diode.kafka.metasync)
+                msgs[0][4].append({**wire.decode_metadata(payload), "kind": "metadata"})
+                return
             if h.kind == wire.KIND_PARITY:
                 self._parity(h, payload, msgs, origin)
                 return

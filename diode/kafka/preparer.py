@@ -21,7 +21,7 @@ import threading
 from typing import NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewPartitions
 
 from diode.errors import DiodeError
 from diode.kafka import recovery
@@ -56,8 +56,11 @@ class HoldingsAnswer(NamedTuple):
 class Preparer:
     """`settings`: the destination's librdkafka settings (receiver.kafka)."""
 
-    def __init__(self, settings: dict):
+    def __init__(self, settings: dict, configs=lambda topic: {}, grown=lambda topic: None):
         self.settings = settings
+        self.configs = configs  # destination topic -> the configs to create it with
+        self.grown = grown      # called with a topic asked about again, once answered
+        self._counts: dict = {}  # topic -> the count last answered
         self.questions: queue.Queue = queue.Queue()  # (at most one per topic: see the module)
         self.answers: queue.Queue = queue.Queue(maxsize=ANSWERS)
         self._stop = threading.Event()
@@ -70,7 +73,8 @@ class Preparer:
 
     def topic(self, topic: str, partitions: int) -> None:
         """Ask for `topic`'s partition count, creating it with `partitions` if it does not
-        exist; answered by a TopicAnswer."""
+        exist, raising its count to `partitions` if it has fewer (the source's was raised);
+        answered by a TopicAnswer."""
         self.questions.put(("topic", topic, partitions))
 
     def holdings(self, source_topic: str, destination: str, wanted: set,
@@ -102,6 +106,10 @@ class Preparer:
             try:
                 answer = self._prepare_topic(admin, *question[1:]) \
                     if question[0] == "topic" else self._holdings(*question[1:])
+                if isinstance(answer, TopicAnswer) and answer.partitions:
+                    if answer.topic in self._counts:  # (asked again: its count may be new)
+                        self.grown(answer.topic)
+                    self._counts[answer.topic] = answer.partitions
             except Exception as exc:  # (a bug: answered all the same, the loop must not wait)
                 log.exception("asking the destination about %s failed", question[1])
                 answer = TopicAnswer(question[1], 0, False,
@@ -113,9 +121,13 @@ class Preparer:
     def _prepare_topic(self, admin, topic: str, partitions: int) -> TopicAnswer:
         try:
             count, _ = describe(admin, topic)
-            if count:
+            if count >= partitions:
                 return TopicAnswer(topic, count, False, None)
-            created = create_topic(admin, topic, partitions, CREATE_TIMEOUT)
+            if count:
+                return TopicAnswer(topic, self._grow(admin, topic, count, partitions), False,
+                                   None)
+            created = create_topic(admin, topic, partitions, CREATE_TIMEOUT,
+                                   config=self.configs(topic))
             count, error = describe(admin, topic)
             waited = 0.0
             while not count and waited < SETTLE_SECONDS and not self._stop.is_set():
@@ -127,6 +139,23 @@ class Preparer:
             return TopicAnswer(topic, count, created, None)
         except KafkaException as exc:
             return TopicAnswer(topic, 0, False, exc.args[0])
+
+    def _grow(self, admin, topic: str, count: int, partitions: int) -> int:
+        """Raise `topic`'s partition count from `count` to `partitions`; the count it has
+        after (the same when the destination refuses: logged, the records of the partitions
+        it lacks are then spread by key)."""
+        try:
+            admin.create_partitions([NewPartitions(topic, partitions)],
+                                    operation_timeout=CREATE_TIMEOUT)[topic].result(
+                                        CREATE_TIMEOUT + 5)
+            log.info("raised destination topic %s from %d to %d partitions (the source's)",
+                     topic, count, partitions)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.INVALID_PARTITIONS:  # (raised meanwhile)
+                log.warning("cannot raise destination topic %s from %d to %d partitions (%s): "
+                            "records of the partitions it lacks are spread by key", topic,
+                            count, partitions, exc.args[0].str())
+        return describe(admin, topic)[0] or count
 
     def _holdings(self, source_topic: str, destination: str, wanted: frozenset,
                   missing_topic: str | None, since_ms: int | None) -> HoldingsAnswer:

@@ -86,27 +86,19 @@ class Identities:
         return resets, gone
 
 
-class PartitionWatcher:
-    """`owned(counts)` -> the (topic, partition) pairs this reader reads, of those counts.
-    `config`: the source consumer's settings (its group's committed offsets are read)."""
+class Looker:
+    """A thread that asks a cluster for a worker's loop, with clients of its own, and hands
+    what it found to the loop through a bounded queue (`found`): the loop never waits on the
+    cluster. Subclasses give `name` and `_run`, which ends once `_stop` is set."""
 
-    def __init__(self, config: dict, owned: Callable[[dict], set], interval: float,
-                 check: float | None = None, known: dict | None = None,
-                 state: float | None = None):
-        self.config, self.owned, self.interval = config, owned, interval
-        self.check = min(interval, check) if check else interval
-        self.state = state  # seconds between looks at the source's state (None: never)
-        self.found: queue.Queue = queue.Queue(maxsize=4)
+    name = "looker"
+
+    def __init__(self, handed: int):
+        self.found: queue.Queue = queue.Queue(maxsize=handed)
         self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._handed: set = set()  # pairs whose committed offsets went to the loop
-        self._counts: dict = {}    # the last topic listing
-        self._cluster = ""
-        self._identities = Identities(known)
-        self._renew: set = set()   # topics without an id found recreated by the loop
-        self._thread = threading.Thread(target=self._run, name="partition-watcher", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
-    def start(self) -> "PartitionWatcher":
+    def start(self):
         self._thread.start()
         return self
 
@@ -114,14 +106,41 @@ class PartitionWatcher:
         """What was found since the last call, oldest first (never waits)."""
         return taken(self.found)
 
+    def close(self, timeout: float = REQUEST_TIMEOUT + 5) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class PartitionWatcher(Looker):
+    """`owned(counts)` -> the (topic, partition) pairs this reader reads, of those counts.
+    `config`: the source consumer's settings (its group's committed offsets are read)."""
+
+    name = "partition-watcher"
+
+    def __init__(self, config: dict, owned: Callable[[dict], set], interval: float,
+                 check: float | None = None, known: dict | None = None,
+                 state: float | None = None):
+        self.config, self.owned, self.interval = config, owned, interval
+        self.check = min(interval, check) if check else interval
+        self.state = state  # seconds between looks at the source's state (None: never)
+        super().__init__(4)
+        self._wake = threading.Event()
+        self._handed: set = set()  # pairs whose committed offsets went to the loop
+        self._counts: dict = {}    # the last topic listing
+        self._cluster = ""
+        self._identities = Identities(known)
+        self._renew: set = set()   # topics without an id found recreated by the loop
+
     def wake(self) -> None:
         """Look at the identities now (the loop saw a partition's offsets move back)."""
         self._wake.set()
 
     def close(self, timeout: float = COMMITTED_TIMEOUT + 5) -> None:
-        self._stop.set()
         self._wake.set()
-        self._thread.join(timeout)
+        super().close(timeout)
 
     def _run(self) -> None:
         client = Consumer(self.config)
@@ -152,14 +171,14 @@ class PartitionWatcher:
         started = time.monotonic()
         try:
             if listing or not self._counts:
-                self._list(client)
+                self._list(admin)
             owned, ends, ids = self._identify(admin, listing or woken or stating)
             if not listing and (set(ids) != {t for t, _ in owned} or any(
                     self._identities.known.get(t, inc) != inc for t, inc in ids.items()
                     if inc != NO_INCARNATION)):
                 # a topic went, or came back as another: its partitions may be others now
                 listing = True
-                self._list(client)
+                self._list(admin)
                 owned, ends, ids = self._identify(admin, True)
             unnamed = {t for t, inc in ids.items() if inc == NO_INCARNATION}
             for t in unnamed:
@@ -189,8 +208,10 @@ class PartitionWatcher:
         return Found(dict(self._counts) if listing else {}, committed, None, self._cluster,
                      ids, confirmed, resets, gone, stale, unnamed, started, starts, settings)
 
-    def _list(self, client) -> None:
-        md = client.list_topics(timeout=REQUEST_TIMEOUT)
+    def _list(self, admin) -> None:
+        # (by the admin client: its listing refreshes the metadata its offset requests use,
+        # which would otherwise not know the partitions added to a topic for minutes)
+        md = admin.list_topics(timeout=REQUEST_TIMEOUT)
         self._cluster = md.cluster_id or ""
         self._counts = {name: len(t.partitions) for name, t in md.topics.items()
                         if t.error is None}
@@ -284,23 +305,28 @@ SETTINGS = ("retention.ms", "retention.bytes", "cleanup.policy")
 def topic_settings(admin, topics: list) -> dict:
     """topic -> (retention.ms, retention.bytes, cleanup.policy) as the cluster says them
     (wire.UNKNOWN, or "" for the policy, where it does not: Tansu gives only what was set)."""
-    if not topics:
+    return {topic: (_long(said.get("retention.ms")), _long(said.get("retention.bytes")),
+                    said.get("cleanup.policy", ""))
+            for topic, said in topic_configs(admin, topics, SETTINGS).items()}
+
+
+def topic_configs(admin, topics: list, names: list) -> dict:
+    """topic -> {config: value} of `names` as the cluster describes them (those it says
+    nothing of, or gives no value, left out)."""
+    if not topics or not names:
         return {}
     futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in topics],
                                      request_timeout=REQUEST_TIMEOUT)
     out = {}
     for resource, future in futures.items():
         try:
-            configs = future.result(REQUEST_TIMEOUT + 5)
+            described = future.result(REQUEST_TIMEOUT + 5)
         except KafkaException as exc:
             if exc.args[0].code() in UNKNOWN_TOPIC_CODES:
-                continue
+                continue  # (deleted meanwhile)
             raise
-        said = {k: configs[k].value for k in SETTINGS if k in configs and
-                configs[k].value is not None}
-        out[resource.name] = (_long(said.get("retention.ms")),
-                              _long(said.get("retention.bytes")),
-                              said.get("cleanup.policy", ""))
+        out[resource.name] = {k: str(described[k].value) for k in names
+                              if k in described and described[k].value is not None}
     return out
 
 

@@ -25,7 +25,9 @@ KIND_FRAGMENT = 3
 KIND_PARITY = 4
 KIND_SOURCE = 5  # the source's state: each partition's log start and end, each topic's retention
 KIND_DIGEST = 6  # digests of the ranges sent (diode.accounting.digests)
-KINDS = (KIND_DATA, KIND_HEARTBEAT, KIND_FRAGMENT, KIND_PARITY, KIND_SOURCE, KIND_DIGEST)
+KIND_METADATA = 7  # the source topics' partition counts and configs, groups' committed offsets
+KINDS = (KIND_DATA, KIND_HEARTBEAT, KIND_FRAGMENT, KIND_PARITY, KIND_SOURCE, KIND_DIGEST,
+         KIND_METADATA)
 FLAG_FEC = 1  # a data or fragment datagram covered by parity datagrams of its block
 
 HEADER = struct.Struct("!2sBBBBBBQQI")
@@ -251,6 +253,51 @@ def decode_digests(payload: bytes) -> dict:
     batch["partitions"] = [(c["topic"], c["partition"], c["incarnation"], c["first"],
                             c["last"], c["count"], c["digest"]) for c in batch["partitions"]]
     return batch
+
+
+# -- metadata ----------------------------------------------------------------------------------
+
+INCARNATION = {"type": "fixed", "name": "Incarnation", "size": 16}
+METADATA_SCHEMA = fastavro.parse_schema({
+    "type": "record", "name": "Metadata", "namespace": "diode",
+    "fields": [
+        *_fields(reader="int", time_ms="long", cluster="string", whole="boolean"),
+        *_fields(topics={"type": "array", "items": {
+            "type": "record", "name": "TopicMetadata", "fields": _fields(
+                topic="string", incarnation=INCARNATION, partitions="int",
+                configs={"type": "map", "values": "string"})}}),
+        *_fields(groups={"type": "array", "items": {
+            "type": "record", "name": "GroupOffset", "fields": _fields(
+                group="string", topic="string", partition="int", incarnation="Incarnation",
+                offset="long")}}),
+    ],
+})
+
+
+def encode_metadata(meta: dict) -> bytes:
+    """Metadata as Avro (fastavro, schemaless): see decode_metadata for its fields."""
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, METADATA_SCHEMA, {
+        "reader": meta["reader"], "time_ms": meta["time_ms"], "cluster": meta["cluster"],
+        "whole": bool(meta.get("whole")),
+        "topics": [{"topic": t, "incarnation": inc, "partitions": n, "configs": configs}
+                   for t, inc, n, configs in meta["topics"]],
+        "groups": [{"group": g, "topic": t, "partition": p, "incarnation": inc,
+                    "offset": offset} for g, t, p, inc, offset in meta["groups"]]})
+    return out.getvalue()
+
+
+def decode_metadata(payload: bytes) -> dict:
+    """{"reader", "time_ms", "cluster", "whole", "topics": [(topic, incarnation, partition
+    count, {config: value}), ...], "groups": [(group, topic, partition, incarnation, committed
+    offset), ...]}: `whole` when this look's metadata is all sent (every
+    sender.metadata.interval.ms), not only what changed. Raises RejectedDatagram."""
+    meta = _read(payload, METADATA_SCHEMA, "metadata")
+    meta["topics"] = [(c["topic"], c["incarnation"], c["partitions"], c["configs"])
+                      for c in meta["topics"]]
+    meta["groups"] = [(c["group"], c["topic"], c["partition"], c["incarnation"], c["offset"])
+                      for c in meta["groups"]]
+    return meta
 
 
 def _read(payload: bytes, schema, what: str) -> dict:

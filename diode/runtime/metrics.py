@@ -95,6 +95,31 @@ CATALOG = {
                                   "the source's state and of digests)"),
     "digests": Metric("counter", ("kafka_reader", "kafka_writer"), "Digests of ranges read "
                       "(sent; written to receiver.digest.topic)"),
+    "metadata_sent": Metric("counter", READERS, "Metadata messages sent by reader 0 (the "
+                            "replicated topics' partition counts and configs, the groups' "
+                            "committed offsets): what changed, and all of it every "
+                            "sender.metadata.interval.ms"),
+    "metadata_changes": Metric("counter", ("kafka_writer",), "Changes writer 0 made on the "
+                               "destination from the sender's metadata, by reason: created (a "
+                               "topic), partitions (a topic's count raised), config (one config "
+                               "set), group_commit (a group's translated offset committed), "
+                               "group_checkpoint (one written to receiver.group.checkpoints."
+                               "topic)", reasons=("created", "partitions", "config",
+                                                  "group_commit", "group_checkpoint")),
+    "metadata_refused": Metric("counter", ("kafka_writer",), "Changes the sender's metadata "
+                               "asked for that were not made, by reason: pinned (the topology "
+                               "pins the config), denied (receiver.sync.topic.configs.allow or "
+                               ".deny), rejected (the destination refused it: logged with its "
+                               "error), untranslatable (a group offset with no record to "
+                               "translate it by yet)", reasons=("pinned", "denied", "rejected",
+                                                                "untranslatable")),
+    "metadata_synced_timestamp_seconds": _per_topic(
+        "when its metadata (partition count, configs) was last applied to its destination "
+        "topic (seconds since the epoch)"),
+    "group_synced_timestamp_seconds": Metric(
+        "gauge", ("kafka_writer",), "Per consumer group (label group): when its offsets were "
+        "last translated and committed or checkpointed (seconds since the epoch)",
+        per_topic=True),
     "parity_datagrams": Metric("counter", ("packer", "unpacker"), "FEC parity datagrams"),
     "kernel_pacing": Metric("gauge", ("udp_sender",), "1 when the kernel (fq) paces the socket"),
     "receive_buffer_bytes": Metric("gauge", ("udp_reader",), "The socket's receive buffer"),

@@ -26,6 +26,9 @@ PIPELINES = {
     "receiver": ("udp_reader", "unpacker", "kafka_writer"),
 }
 SINGLE_INSTANCE = {"udp_sender", "udp_reader"}  # one flow on the link, one socket
+# the source topic configs sent across by default (sender.metadata.topic.configs)
+METADATA_CONFIGS = ("cleanup.policy", "retention.ms", "retention.bytes", "min.compaction.lag.ms",
+                    "max.message.bytes", "compression.type", "message.timestamp.type")
 
 
 def setting(default, doc, check=None, example=None):
@@ -272,6 +275,18 @@ class SenderSettings:
         1000.0, "How often each reader sends a heartbeat: per partition, where its chain of "
         "offsets started and the last offset sent, plus its counters. The receiver finds tail "
         "loss and a silent link from them.", positive)
+    metadata_interval_ms: float = setting(
+        60000.0, "Reader 0 sends the replicated topics' metadata (partition count, the configs "
+        "of metadata.topic.configs) and the committed offsets of the groups of sender.groups "
+        "across the link when they change (it looks every refresh.topics.interval.seconds) and "
+        "all of it this often (docs/operations.md, \"Metadata\").", positive)
+    metadata_topic_configs: list = setting(
+        list(METADATA_CONFIGS), "The source topic configs sent across, as the source says "
+        "them (a value the source's broker takes from its defaults included).", strings)
+    groups: list = setting(
+        [], "Consumer groups (regular expressions, matched against the whole id) whose "
+        "committed offsets on the source are sent across, for the receiver to translate and "
+        "commit on the destination (receiver.sync.group.offsets).", regexes)
     # Not a setting: the ranges `diode resend` sends again, {(topic, partition): [[a, b], ...]}.
     resend: dict | None = None
     stages: dict = setting({}, "Processes per stage type: kafka_reader, packer, udp_sender "
@@ -364,6 +379,28 @@ class ReceiverSettings:
         "(too large, not authorized, a topic that cannot be created): the record, with headers "
         "naming its source coordinates and the error. Empty: such records are reported in "
         "missing.records.topic with the reason \"refused\" instead.")
+    sync_topic_configs: bool = setting(
+        True, "Apply the source topics' configs the sender sends (sender.metadata.topic.configs) "
+        "to their destination topics: at creation (a topic the sender names that the "
+        "destination lacks is created) and whenever they change. A partition-count increase is "
+        "followed either way.")
+    sync_topic_configs_allow: list = setting(
+        [], "Configs that may be applied (empty: every one the sender sends).", strings)
+    sync_topic_configs_deny: list = setting(
+        [], "Configs never applied (they win over allow).", strings)
+    topic_configs: dict = setting(
+        {}, "Configs the operator pins on destination topics: destination topic (or * for "
+        "every replicated topic) -> {config: value}. Applied at creation and kept; the "
+        "source's value of a pinned config is never applied.",
+        example={"*": {"retention.ms": "604800000"}})
+    sync_group_offsets: bool = setting(
+        True, "Commit the translated offsets of the sender's groups (sender.groups) on the "
+        "destination for a group with no active member there (never moving it back); a group "
+        "with members gets them in group.checkpoints.topic instead.")
+    group_checkpoints_topic: str = setting(
+        "diode-checkpoints", "Destination topic of every translated group offset (JSON, keyed "
+        "by group, topic and partition; like MirrorMaker 2's checkpoints), for groups that are "
+        "active on the destination and for audit; empty: none.")
     stages: dict = setting({}, "Processes per stage type: udp_reader (exactly 1), unpacker, "
                            "kafka_writer. Each maps to instances and cpus.",
                            example={"unpacker": {"instances": 2}})
@@ -626,6 +663,11 @@ def _cross_checks(t: Topology) -> list[str]:
     if t.sender.metrics_listen and t.sender.metrics_listen == t.receiver.metrics_listen:
         problems.append("receiver.metrics.listen: the same address as sender.metrics.listen "
                         "(one endpoint per side; a launch of both sides would serve two)")
+    for topic, configs in t.receiver.topic_configs.items():
+        if not isinstance(configs, dict) or not all(
+                isinstance(k, str) and isinstance(v, (str, int, float, bool))
+                for k, v in configs.items()):
+            problems.append(f"receiver.topic.configs.{topic}: must map config names to values")
     for src, dst in t.receiver.topic_rename.items():
         if not isinstance(dst, str) or not dst:
             problems.append(f"receiver.topic.rename.{src}: must be a topic name")

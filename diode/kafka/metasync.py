@@ -1,0 +1,255 @@
+"""The receiver's side of the source's metadata (wire.KIND_METADATA, diode.kafka.metadata).
+
+Writer 0 takes the metadata readers send and hands it to a MetadataSync, a thread with clients
+of its own (what it asks of the destination waits on it: never in the writer's loop), which
+makes the destination follow the source:
+
+- **Topics.** A replicated topic the destination lacks is created with the source's partition
+  count and configs; a partition count raised on the source is raised on the destination (the
+  writers keep a record's partition number only where the destination has it); each config the
+  source describes is set on the destination topic where it differs, unless the operator pinned
+  it (receiver.topic.configs, applied at creation and kept), receiver.sync.topic.configs is off,
+  or the allow/deny lists leave it out. Each change is logged and counted
+  (metadata_changes{reason}); each refusal once per value (metadata_refused{reason}).
+- **Consumer groups** (sender.groups): each committed source offset is translated into the
+  destination offset of the first record at or after it (diode.kafka.groups, from the
+  provenance headers the writers wrote), committed for the same group when the group has no
+  active member on the destination (receiver.sync.group.offsets, never moving it back), and
+  written to receiver.group.checkpoints.topic.
+
+Reports go back to the loop through a small queue: what was done or refused per topic and
+group, and when, which the writer logs and exports (`diode status` shows the last sync).
+"""
+
+import logging
+import queue
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource,
+                                   NewPartitions, ResourceType)
+
+from diode.errors import DiodeError
+from diode.kafka.clients import admin_config, create_topic
+from diode.kafka.preparer import CREATE_TIMEOUT, describe
+from diode.kafka.refresh import REQUEST_TIMEOUT, Looker, hand
+
+log = logging.getLogger("diode.kafka.metasync")
+
+MAX_SAID = 100_000        # refusals remembered (to report each once per value)
+TRANSLATE_TIMEOUT = 10.0  # s: reading a destination partition to translate an offset
+
+
+class Report(NamedTuple):
+    kind: str       # "topic" or "group"
+    name: str       # the source topic, or the group
+    done: list      # (reason, what): changes made (metadata_changes' reasons)
+    refused: list   # (reason, what): changes not made (metadata_refused's reasons)
+    at: float       # when it was applied (time.time()); 0.0 when nothing could be (error)
+    error: str | None = None
+
+
+def pins(pinned: dict, destination: str) -> dict:
+    """The configs the operator pinned for a destination topic (receiver.topic.configs:
+    `*` for every topic, then the topic's own), values as strings."""
+    return {k: _text(v) for k, v in {**pinned.get("*", {}), **pinned.get(destination, {})
+                                     }.items()}
+
+
+def target_configs(source: dict, pinned: dict, allow: list, deny: list,
+                   sync: bool) -> tuple[dict, list]:
+    """(the configs a destination topic should have, [(reason, config, source value)] of the
+    source's configs not applied): the pinned ones always; the source's where sync is on, the
+    config allowed (an empty allow list allows all) and not denied, and not pinned."""
+    target, refused = dict(pinned), []
+    for name, value in sorted(source.items()):
+        if name in pinned:
+            if pinned[name] != value:
+                refused.append(("pinned", name, value))
+        elif not sync or name in deny or (allow and name not in allow):
+            if sync:
+                refused.append(("denied", name, value))
+        else:
+            target[name] = value
+    return target, refused
+
+
+def _text(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class MetadataSync(Looker):
+    """`settings`: the destination's librdkafka settings; `r`: the receiver's settings;
+    `destination(source topic)`: its destination topic."""
+
+    name = "metadata-sync"
+
+    def __init__(self, settings: dict, r, destination: Callable[[str], str]):
+        self.settings, self.r, self.destination = settings, r, destination
+        self.work: queue.Queue = queue.Queue(maxsize=1)
+        self.busy = False  # work handed and not all reported (the loop's view)
+        self._said: dict = {}      # (destination topic, config) -> (reason, value) reported
+        self._translated: dict = {}  # (group, topic, partition) -> (incarnation, offset) done
+        self._producer = None
+        self._checkpoints_ready = False
+        super().__init__(1024)
+
+    def hand(self, topics: dict, positions: dict) -> None:
+        """Apply `topics` (source topic -> (incarnation, partition count, configs)) and
+        `positions` ((group, topic, partition) -> (incarnation, committed offset)); the loop
+        hands work only while not busy."""
+        self.busy = True
+        self.work.put_nowait((topics, positions))
+
+    def take(self) -> list:
+        """Reports since the last call (never waits); the last of a piece of work is None."""
+        out = []
+        for report in super().take():
+            if report is None:
+                self.busy = False
+            else:
+                out.append(report)
+        return out
+
+    def close(self, timeout: float = 1.0) -> None:
+        super().close(timeout)
+        if self._producer is not None:
+            self._producer.flush(1)
+
+    def _run(self) -> None:
+        admin = AdminClient({**admin_config(self.settings), "allow.auto.create.topics": False})
+        while not self._stop.is_set():
+            try:
+                topics, positions = self.work.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            for topic, entry in sorted(topics.items()):
+                self._report(self._guarded("topic", topic, self._topic, admin, topic, *entry))
+            by_group: dict = {}
+            for (group, topic, partition), entry in positions.items():
+                by_group.setdefault(group, {})[(topic, partition)] = entry
+            for group, entries in sorted(by_group.items()):
+                self._report(self._guarded("group", group, self._group, admin, group, entries))
+            self._report(None)
+
+    def _report(self, report) -> None:
+        hand(self.found, report, self._stop)
+
+    def _guarded(self, kind: str, name: str, apply, *args) -> Report:
+        try:
+            return apply(*args)
+        except (KafkaException, DiodeError) as exc:
+            return Report(kind, name, [], [], 0.0, str(exc))
+        except Exception as exc:  # (a bug: reported all the same, the loop must not wait)
+            log.exception("applying the metadata of %s %s failed", kind, name)
+            return Report(kind, name, [], [], 0.0, repr(exc))
+
+    # -- topics ----------------------------------------------------------------------------
+
+    def _topic(self, admin, topic: str, incarnation: bytes, partitions: int,
+               configs: dict) -> Report:
+        r = self.r
+        dest = self.destination(topic)
+        target, refused = target_configs(configs, pins(r.topic_configs, dest),
+                                         r.sync_topic_configs_allow, r.sync_topic_configs_deny,
+                                         r.sync_topic_configs)
+        done, said = [], []
+        for reason, name, value in refused:
+            if self._said.get((dest, name)) != (reason, value):
+                why = "pinned by receiver.topic.configs" if reason == "pinned" else \
+                    "left out by receiver.sync.topic.configs.allow/deny"
+                said.append((reason, f"{dest}: the source's {name}={value} not applied "
+                                     f"({why})"))
+                self._remember((dest, name), (reason, value))
+        count, _ = describe(admin, dest)
+        if not count:
+            if self._create(admin, dest, max(1, partitions), target):
+                done.append(("created", f"{dest} with {max(1, partitions)} partition(s)"
+                                        f"{' and ' + _listed(target) if target else ''}"))
+                return Report("topic", topic, done, said, time.time())
+            count, _ = describe(admin, dest)  # (a writer created it meanwhile)
+            if not count:
+                raise KafkaException(f"{dest} is not in the destination's metadata")
+        if partitions > count:
+            try:
+                admin.create_partitions([NewPartitions(dest, partitions)],
+                                        operation_timeout=CREATE_TIMEOUT)[dest].result(
+                                            CREATE_TIMEOUT + 5)
+                done.append(("partitions", f"{dest} from {count} to {partitions} partitions"))
+            except KafkaException as exc:
+                if self._said.get((dest, "partitions")) != ("rejected", partitions):
+                    said.append(("rejected", f"{dest}: partitions {count} -> {partitions}: "
+                                             f"{exc.args[0].str()}"))
+                    self._remember((dest, "partitions"), ("rejected", partitions))
+        current = _described(admin, dest)
+        changes = {k: v for k, v in target.items() if current.get(k) != v}
+        if changes:
+            for name, value, error in self._alter(admin, dest, changes):
+                if error is None:
+                    done.append(("config", f"{dest}: {name} {current.get(name)} -> {value}"))
+                    self._said.pop((dest, name), None)
+                elif self._said.get((dest, name)) != ("rejected", value):
+                    said.append(("rejected", f"{dest}: {name}={value}: {error}"))
+                    self._remember((dest, name), ("rejected", value))
+        return Report("topic", topic, done, said, time.time())
+
+    def _create(self, admin, dest: str, partitions: int, configs: dict) -> bool:
+        """Create `dest` with `configs`; one the destination refuses with its configs is
+        created without them (the alteration after names what it refuses). False: it exists."""
+        try:
+            return create_topic(admin, dest, partitions, CREATE_TIMEOUT, config=configs)
+        except KafkaException as exc:
+            if not configs:
+                raise
+            log.warning("creating %s with %s refused (%s): creating it without them", dest,
+                        _listed(configs), exc.args[0].str())
+            return create_topic(admin, dest, partitions, CREATE_TIMEOUT)
+
+    def _alter(self, admin, dest: str, changes: dict) -> list:
+        """Set `changes` on `dest`: [(config, value, None or the error)]. All at once; when
+        the destination refuses the set, each alone, to name the one it refuses."""
+        if self._set(admin, dest, changes) is None:
+            return [(k, v, None) for k, v in changes.items()]
+        if len(changes) == 1:
+            (k, v), = changes.items()
+            return [(k, v, self._set(admin, dest, changes))]
+        return [(k, v, self._set(admin, dest, {k: v})) for k, v in changes.items()]
+
+    @staticmethod
+    def _set(admin, dest: str, configs: dict) -> str | None:
+        resource = ConfigResource(ResourceType.TOPIC, dest, incremental_configs=[
+            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+            for k, v in configs.items()])
+        try:
+            admin.incremental_alter_configs([resource], request_timeout=REQUEST_TIMEOUT)[
+                resource].result(REQUEST_TIMEOUT + 5)
+            return None
+        except KafkaException as exc:
+            return exc.args[0].str()
+
+    def _remember(self, key, value) -> None:
+        if len(self._said) >= MAX_SAID:
+            self._said.clear()  # (refusals are said again: bounded, never wrong)
+        self._said[key] = value
+
+    # -- groups ----------------------------------------------------------------------------
+
+    def _group(self, admin, group: str, entries: dict) -> Report:
+        """Translate a group's committed source offsets and commit or checkpoint them."""
+        raise NotImplementedError  # (filled in with diode.kafka.groups)
+
+
+def _described(admin, topic: str) -> dict:
+    """{config: value} of a destination topic as its cluster describes it."""
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    described = admin.describe_configs([resource], request_timeout=REQUEST_TIMEOUT)[
+        resource].result(REQUEST_TIMEOUT + 5)
+    return {k: str(e.value) for k, e in described.items() if e.value is not None}
+
+
+def _listed(configs: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(configs.items()))

@@ -1,0 +1,65 @@
+"""The source's metadata: what the sender sends when, what the receiver applies (the pure parts;
+tests/integration/test_metadata.py runs them against brokers)."""
+
+import pytest
+
+from diode.errors import RejectedDatagram
+from diode.kafka.metadata import Look, Sent
+from diode.kafka.metasync import pins, target_configs
+from diode.link import wire
+
+A, B = b"a" * 16, b"b" * 16
+
+
+def look(topics: dict, groups: dict | None = None) -> Look:
+    return Look("cluster", topics, groups or {}, None, 1000)
+
+
+def test_only_what_changed_is_sent_between_whole_sends():
+    sent = Sent()
+    first = look({"t": (A, 3, {"retention.ms": "1"}), "u": (B, 1, {})}, {("g", "t", 0): 5})
+    assert sent.changes(first, whole=False) == (
+        [("t", A, 3, {"retention.ms": "1"}), ("u", B, 1, {})], [("g", "t", 0, A, 5)])
+    sent.sent(first)
+    assert sent.changes(first, whole=False) == ([], [])
+    # a config changed, a group moved on: only those
+    second = look({"t": (A, 3, {"retention.ms": "2"}), "u": (B, 1, {})}, {("g", "t", 0): 9})
+    assert sent.changes(second, whole=False) == ([("t", A, 3, {"retention.ms": "2"})],
+                                                 [("g", "t", 0, A, 9)])
+    sent.sent(second)
+    # the whole send names everything again
+    topics, groups = sent.changes(second, whole=True)
+    assert [t[0] for t in topics] == ["t", "u"] and len(groups) == 1
+    # a topic recreated (another incarnation) is a change, with its groups' offsets
+    third = look({"t": (B, 3, {"retention.ms": "2"}), "u": (B, 1, {})}, {("g", "t", 0): 9})
+    assert sent.changes(third, whole=False) == ([("t", B, 3, {"retention.ms": "2"})],
+                                                [("g", "t", 0, B, 9)])
+
+
+def test_pinned_configs_win_and_the_lists_filter():
+    pinned = pins({"*": {"retention.ms": 7}, "dst_t": {"max.message.bytes": "3"}}, "dst_t")
+    assert pinned == {"retention.ms": "7", "max.message.bytes": "3"}
+    source = {"retention.ms": "1", "max.message.bytes": "3", "cleanup.policy": "compact",
+              "compression.type": "lz4"}
+    target, refused = target_configs(source, pinned, [], ["compression.type"], True)
+    assert target == {"retention.ms": "7", "max.message.bytes": "3",
+                      "cleanup.policy": "compact"}
+    # a pinned config the source holds at the pinned value is no refusal
+    assert refused == [("denied", "compression.type", "lz4"), ("pinned", "retention.ms", "1")]
+    target, _ = target_configs(source, {}, ["cleanup.policy"], [], True)
+    assert target == {"cleanup.policy": "compact"}
+    # sync off: the pinned configs only, nothing said of the source's
+    assert target_configs(source, pinned, [], [], False) == (pinned, [
+        ("pinned", "retention.ms", "1")])
+
+
+def test_metadata_crosses_the_wire_whole_and_a_damaged_one_is_rejected():
+    meta = {"reader": 0, "time_ms": 5, "cluster": "c", "whole": True,
+            "topics": [("t", A, 3, {"cleanup.policy": "compact"})],
+            "groups": [("g", "t", 2, A, 41)]}
+    payload = wire.encode_metadata(meta)
+    assert wire.decode_metadata(payload) == meta
+    with pytest.raises(RejectedDatagram):
+        wire.decode_metadata(payload[:-3])
+    with pytest.raises(RejectedDatagram):
+        wire.decode_metadata(payload + b"\x00")
