@@ -90,11 +90,14 @@ def partition_counts(client, timeout: float = 5.0) -> dict:
     return {name: len(t.partitions) for name, t in md.topics.items() if t.error is None}
 
 
-def create_topic(admin, topic: str, partitions: int, timeout: float = 15.0) -> bool:
-    """Create `topic` with the cluster's default replication; False if it existed already.
-    Clusters often refuse to create topics on a produce (auto.create.topics.enable=false), so
-    every topic diode writes to is created on purpose. Other failures raise KafkaException."""
-    future = admin.create_topics([NewTopic(topic, partitions)], operation_timeout=timeout)[topic]
+def create_topic(admin, topic: str, partitions: int, timeout: float = 15.0,
+                 config: dict | None = None) -> bool:
+    """Create `topic` with the cluster's default replication (and the topic configs `config`);
+    False if it existed already. Clusters often refuse to create topics on a produce
+    (auto.create.topics.enable=false), so every topic diode writes to is created on purpose.
+    Other failures raise KafkaException."""
+    future = admin.create_topics([NewTopic(topic, partitions, config=config or {})],
+                                 operation_timeout=timeout)[topic]
     try:
         future.result(timeout + 5)
         return True

@@ -68,10 +68,10 @@ class Preparer:
         self._thread.start()
         return self
 
-    def topic(self, topic: str, partitions: int) -> None:
-        """Ask for `topic`'s partition count, creating it with `partitions` if it does not
-        exist; answered by a TopicAnswer."""
-        self.questions.put(("topic", topic, partitions))
+    def topic(self, topic: str, partitions: int, config: dict | None = None) -> None:
+        """Ask for `topic`'s partition count, creating it with `partitions` (and the topic
+        configs `config`) if it does not exist; answered by a TopicAnswer."""
+        self.questions.put(("topic", topic, partitions, config))
 
     def holdings(self, source_topic: str, destination: str, wanted: set,
                  missing_topic: str | None, since_ms: int | None) -> None:
@@ -110,12 +110,13 @@ class Preparer:
                     HoldingsAnswer(question[1], question[3], {}, None, repr(exc))
             hand(self.answers, answer, self._stop)
 
-    def _prepare_topic(self, admin, topic: str, partitions: int) -> TopicAnswer:
+    def _prepare_topic(self, admin, topic: str, partitions: int,
+                       config: dict | None) -> TopicAnswer:
         try:
             count, _ = describe(admin, topic)
             if count:
                 return TopicAnswer(topic, count, False, None)
-            created = create_topic(admin, topic, partitions, CREATE_TIMEOUT)
+            created = create_topic(admin, topic, partitions, CREATE_TIMEOUT, config)
             count, error = describe(admin, topic)
             waited = 0.0
             while not count and waited < SETTLE_SECONDS and not self._stop.is_set():
