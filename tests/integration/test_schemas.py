@@ -6,6 +6,7 @@ stands in, keeping its state only in the `_schemas` topic, in Confluent's record
 serving the REST API confluent_kafka's client, AvroSerializer and AvroDeserializer use."""
 
 import json
+import signal
 import time
 
 import pytest
@@ -17,7 +18,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from tests.conftest import consume, create_topic, produce, topics, wait_for, write_topology
-from tests.schema_registry import SchemaRegistry
+from tests.schema_registry import NOOP_KEY, SchemaRegistry
 
 SENDER, RECEIVER = 3, 3  # default worker processes per side
 
@@ -30,6 +31,8 @@ USER = json.dumps({"type": "record", "name": "User", "fields": [
     {"name": "name", "type": "string"}, {"name": "age", "type": ["null", "int"]}]})
 SCRATCH = json.dumps({"type": "record", "name": "Scratch", "fields": [
     {"name": "x", "type": "double"}]})
+LATER = json.dumps({"type": "record", "name": "Later", "fields": [
+    {"name": "at", "type": "long"}]})
 
 
 @pytest.fixture
@@ -72,12 +75,16 @@ def log_of(cluster: str, topic: str, timeout: float = 30, quiet: float = 0.5) ->
     return out
 
 
-def carried_whole(src: str, dst: str, topic: str = "_schemas") -> list:
-    """Wait until the destination's `topic` holds what the source's holds, in order; both."""
+def carried_whole(src: str, dst: str, topic: str = "_schemas", foreign=()) -> list:
+    """Wait until the destination's `topic` holds what the source's holds, in order, and the
+    (index, record) in `foreign` that others wrote there; the source's."""
     def same():
         theirs = log_of(src, topic)
         ours = log_of(dst, topic) if topic in topics(dst) else []
-        return theirs if ours == theirs else None
+        expected = list(theirs)
+        for index, record in foreign:
+            expected.insert(index, record)
+        return theirs if ours == expected else None
     return wait_for(same, 90, f"the destination's {topic} to hold the source's records")
 
 
@@ -164,6 +171,19 @@ def test_schemas_cross_whole_and_ids_resolve_on_the_low_side(tmp_path, start_bro
         lc.register_schema("orders-value", Schema(SCRATCH, "AVRO"))
     for schema_id in (1, 2, 3):  # (id 1's version is soft-deleted: still served by id)
         assert lc.get_schema(schema_id).schema_str == hc.get_schema(schema_id).schema_str
+
+    # A Confluent registry on the low side writes a NOOP of its own when it starts. A
+    # kafka_writer restarted after it finds where it stood all the same (the records with
+    # its provenance headers) and writes what comes next once.
+    produce(dst.bootstrap, "_schemas", [{"key": NOOP_KEY, "value": None}])
+    writer = d.wait_workers(SENDER + RECEIVER)["receiver/kafka_writer-0"]
+    writer.send_signal(signal.SIGKILL)
+    wait_for(lambda: d.workers().get("receiver/kafka_writer-0", writer).pid != writer.pid, 30,
+             "the kafka_writer to be restarted")
+    assert hc.register_schema("later-value", Schema(LATER, "AVRO")) == 5
+    carried_whole(src.bootstrap, dst.bootstrap, foreign=[(len(log), (NOOP_KEY, None))])
+    assert wait_for(lambda: low.state.by_id(5), 30, "the low registry to read id 5")
+    assert lc.get_version("later-value", 1).schema_id == 5
 
     # Every replicated Avro record's id resolves to its schema there, and decodes to what
     # was produced.
