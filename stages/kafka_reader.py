@@ -55,8 +55,12 @@ RESEND_SEEK_GAP = 10000  # offsets between two resend ranges worth a seek rather
 class Stage(BaseStage):
     def open(self):
         s = self.t.sender
+        # sender.schemas: the registry's topic is one more named topic (never a dead-letter
+        # topic: the topology refuses that), read from its first record (_refresh)
+        self.schemas_topic = s.schemas_topic if s.schemas else None
         self.selector = TopicSelector(
-            s.topics, s.topics_regex, exclude=[s.dead_letter_topic] if s.dead_letter_topic else [],
+            [*s.topics, *([self.schemas_topic] if self.schemas_topic else [])], s.topics_regex,
+            exclude=[s.dead_letter_topic] if s.dead_letter_topic else [],
             index=self.ctx.spec.index, readers=self.ctx.instances("kafka_reader"))
         self.consumer = Consumer({**consumer_config(self.t), "on_commit": self._committed,
                                   "enable.partition.eof": s.resend is not None})
@@ -154,9 +158,11 @@ class Stage(BaseStage):
             for tp in found.new:
                 if (tp.topic, tp.partition) in self.assigned:
                     continue
-                # a recreated topic is read whole; one seen for the first time from
+                # a recreated topic is read whole, and so is the registry's (its ids are
+                # assigned in the order of its log); one seen for the first time from
                 # sender.start.position
-                first = OFFSET_BEGINNING if tp.topic in self.lineage.recreated else start
+                first = OFFSET_BEGINNING if tp.topic in self.lineage.recreated or \
+                    tp.topic == self.schemas_topic else start
                 offset = tp.offset if tp.offset >= 0 else first
                 self.assigned[(tp.topic, tp.partition)] = offset
                 tps.append(TopicPartition(tp.topic, tp.partition, offset))

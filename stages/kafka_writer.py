@@ -2,9 +2,10 @@
 
 A record keeps key, value, headers and timestamp and gains sourceTopic, sourcePartition and
 sourceOffset (UTF-8 strings), then receiver.written.at.header (when it was written). It goes to
-prefix + source topic (or receiver.topic.rename) on the same partition number when the
-destination topic has enough partitions. A destination topic that does not exist is created with
-the source topic's partition count.
+prefix + source topic (or receiver.topic.rename; with sender.schemas, the registry's topic to
+receiver.schemas.topic) on the same partition number when the destination topic has enough
+partitions. A destination topic that does not exist is created with the source topic's partition
+count (receiver.schemas.topic as a schema registry requires: 1 partition, compacted).
 
 The writer owns its source partitions' order, duplicates and gaps (diode.accounting.ordering),
 per incarnation of each source partition (diode.kafka.identity: its topic id; records carry it in
@@ -74,6 +75,9 @@ from diode.runtime.worker import Stage as BaseStage
 from diode.runtime.replays import ask, request_replay
 
 MAX_PARTITIONS = 10000
+# receiver.schemas.topic, when the writer creates it: a schema registry refuses to start on a
+# topic that is not compacted (or has more than 1 partition: _ensure_topic asks for 1)
+SCHEMAS_TOPIC_CONFIG = {"cleanup.policy": "compact"}
 MAX_SENT_RUNS = 256          # the runs produced last, kept to name a refused record (refusals come
 #                              within a round trip; each run holds its datagram in memory)
 MAX_BACKLOG_RECORDS = 20000  # records decoded and waiting for the producer; past it, no input
@@ -147,6 +151,8 @@ class Stage(BaseStage):
         self.asked: set = set()  # questions it has not answered yet: ("topic", destination
         #                          topic) and ("holdings", source topic), one each at most
         self.dest_partitions: dict = {}   # destination topic -> partition count
+        # sender.schemas: the registry's topic, and where the low side registry reads it
+        self.schemas_topic = self.t.sender.schemas_topic if self.t.sender.schemas else None
         self.source_partitions: dict = {}  # source topic -> partition count (from the sender)
         self.next_metadata: dict = {}     # topic -> when its metadata may be asked again
         self.grow_again: dict = {}        # topic -> when its count may be asked again for a
@@ -198,6 +204,8 @@ class Stage(BaseStage):
         self.ask_again = self.started + ASK_AGAIN_SECONDS
 
     def destination(self, topic: str) -> str:
+        if topic == self.schemas_topic:
+            return self.r.schemas_topic  # (sender.schemas: neither prefix nor rename)
         return self.r.topic_rename.get(topic) or self.r.topic_prefix + topic
 
     def _owns(self, topic: str, partition: int) -> bool:
@@ -1120,7 +1128,12 @@ class Stage(BaseStage):
         now = time.monotonic()
         if ("topic", topic) in self.asked or now < self.next_metadata.get(topic, 0.0):
             return False
-        self.preparer.topic(topic, partitions)
+        if self.schemas_topic and topic == self.r.schemas_topic:
+            # as a registry requires of its topic, whatever the source's (a registry refuses
+            # more than one partition, and a topic not compacted)
+            self.preparer.topic(topic, 1, SCHEMAS_TOPIC_CONFIG)
+        else:
+            self.preparer.topic(topic, partitions)
         self.asked.add(("topic", topic))
         return False
 
@@ -1133,6 +1146,10 @@ class Stage(BaseStage):
             self.log.info("created destination topic %s with %d partition(s)", topic,
                           answer.partitions)
         if answer.partitions:
+            if self.schemas_topic and topic == self.r.schemas_topic and answer.partitions > 1:
+                self.log.error("receiver.schemas.topic %s has %d partitions: a schema registry "
+                               "refuses to read it (it must have 1); its records are written "
+                               "to partition 0", topic, answer.partitions)
             self.dest_partitions[topic] = answer.partitions
             self.topic_trouble.pop(topic, None)
             return

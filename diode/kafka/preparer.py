@@ -71,11 +71,11 @@ class Preparer:
         self._thread.start()
         return self
 
-    def topic(self, topic: str, partitions: int) -> None:
-        """Ask for `topic`'s partition count, creating it with `partitions` if it does not
-        exist, raising its count to `partitions` if it has fewer (the source's was raised);
-        answered by a TopicAnswer."""
-        self.questions.put(("topic", topic, partitions))
+    def topic(self, topic: str, partitions: int, config: dict | None = None) -> None:
+        """Ask for `topic`'s partition count, creating it with `partitions` (and the topic
+        configs `config`, with those pinned for it) if it does not exist, raising its count to
+        `partitions` if it has fewer (the source's was raised); answered by a TopicAnswer."""
+        self.questions.put(("topic", topic, partitions, config))
 
     def holdings(self, source_topic: str, destination: str, wanted: set,
                  missing_topic: str | None, since_ms: int | None) -> None:
@@ -118,7 +118,8 @@ class Preparer:
                     HoldingsAnswer(question[1], question[3], {}, None, repr(exc))
             hand(self.answers, answer, self._stop)
 
-    def _prepare_topic(self, admin, topic: str, partitions: int) -> TopicAnswer:
+    def _prepare_topic(self, admin, topic: str, partitions: int,
+                       config: dict | None) -> TopicAnswer:
         try:
             count, _ = describe(admin, topic)
             if count >= partitions:
@@ -127,7 +128,7 @@ class Preparer:
                 return TopicAnswer(topic, self._grow(admin, topic, count, partitions), False,
                                    None)
             created = create_topic(admin, topic, partitions, CREATE_TIMEOUT,
-                                   config=self.configs(topic))
+                                   config={**self.configs(topic), **(config or {})})
             count, error = describe(admin, topic)
             waited = 0.0
             while not count and waited < SETTLE_SECONDS and not self._stop.is_set():

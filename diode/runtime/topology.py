@@ -237,6 +237,15 @@ class SenderSettings:
                                   "offset: earliest or latest.", one_of("earliest", "latest"))
     dead_letter_topic: str = setting("diode-dead-letter", "Topic on the source cluster for "
                                      "records larger than max.record.bytes; empty: log only.")
+    schemas: bool = setting(
+        False, "Carry the Schema Registry's topic (schemas.topic) whole and in order, keys and "
+        "tombstones included, always from its first record whatever start.position says, to "
+        "receiver.schemas.topic: a registry on the low side reading that topic serves the same "
+        "subjects, versions and ids, so every record's schema id resolves there "
+        "(docs/operations.md, \"Schemas\").")
+    schemas_topic: str = setting(
+        "_schemas", "The high side registry's topic (its kafkastore.topic), carried with "
+        "schemas: true.")
     max_record_bytes: int = setting(
         8388608, "Largest record sent (its encoding as a run of one: key, value, headers, about 70 "
         "bytes of framing); a record that "
@@ -303,6 +312,10 @@ class ReceiverSettings:
     topic_prefix: str = setting("", "Destination topic = prefix + source topic.")
     topic_rename: dict = setting({}, "Explicit destination names for some source topics "
                                  "(source: destination); the prefix does not apply to them.")
+    schemas_topic: str = setting(
+        "_schemas", "Destination topic of sender.schemas.topic, the low side registry's "
+        "kafkastore.topic; topic.prefix and topic.rename do not apply to it. Created as a "
+        "registry requires: 1 partition, cleanup.policy compact.")
     max_record_bytes: int = setting(
         8388608, "Largest fragmented record the receiver reassembles (compressed and "
         "decompressed); larger ones are refused and counted.", between(1024, 1 << 30))
@@ -671,6 +684,7 @@ def _cross_checks(t: Topology) -> list[str]:
     for src, dst in t.receiver.topic_rename.items():
         if not isinstance(dst, str) or not dst:
             problems.append(f"receiver.topic.rename.{src}: must be a topic name")
+    problems += _schemas_checks(t)
     seen = {}
     for i, b in enumerate(t.brokers):
         if b.listen in seen:
@@ -681,6 +695,38 @@ def _cross_checks(t: Topology) -> list[str]:
         if b.kind == "tansu" and (b.data_dir or b.config):
             problems.append(f"brokers[{i}]: data.dir and config are for kind kafka (Tansu keeps "
                             "its records in memory)")
+    return problems
+
+
+def _schemas_checks(t: Topology) -> list[str]:
+    """sender.schemas: the registry's topic read and written where nothing else is."""
+    s, r = t.sender, t.receiver
+    if not s.schemas:
+        return []
+    problems = []
+    if not s.schemas_topic:
+        problems.append("sender.schemas.topic: required with sender.schemas: true (the high "
+                        "side registry's kafkastore.topic)")
+    if not r.schemas_topic:
+        problems.append("receiver.schemas.topic: required with sender.schemas: true (the low "
+                        "side registry's kafkastore.topic)")
+    if s.schemas_topic and s.schemas_topic == s.dead_letter_topic:
+        problems.append(f"sender.dead.letter.topic: {s.schemas_topic} is sender.schemas.topic, "
+                        "which is replicated: records are never dead-lettered into it")
+    if s.schemas_topic in r.topic_rename:
+        problems.append(f"receiver.topic.rename.{s.schemas_topic}: the schemas topic goes to "
+                        "receiver.schemas.topic; rename it there")
+    others = {"receiver.digest.topic": r.digest_topic,
+              "receiver.missing.records.topic": r.missing_records_topic,
+              "receiver.heartbeat.topic": r.heartbeat_topic,
+              "receiver.dead.letter.topic": r.dead_letter_topic}
+    others.update({f"receiver.topic.rename.{k}": v for k, v in r.topic_rename.items()})
+    others.update({f"sender.topics ({name})": r.topic_prefix + name for name in s.topics
+                   if name != s.schemas_topic and name not in r.topic_rename})
+    for where, topic in others.items():
+        if r.schemas_topic and topic == r.schemas_topic:
+            problems.append(f"{where}: writes to {topic}, which is receiver.schemas.topic: "
+                            "the low side registry would read what is not a schema")
     return problems
 
 

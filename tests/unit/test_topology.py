@@ -489,3 +489,25 @@ def test_a_datagram_size_is_auto_or_a_number_in_range():
         with pytest.raises(TopologyError) as exc:
             topology.from_dict(minimal(link={"datagram.size.bytes": bad}))
         assert f"link.datagram.size.bytes: {said}" in str(exc.value)
+
+
+def test_schemas_go_to_their_own_topic_and_nothing_else_writes_there():
+    t = topology.from_dict(minimal(sender={"schemas": True}), cpu_count=1)
+    assert (t.sender.schemas_topic, t.receiver.schemas_topic) == ("_schemas", "_schemas")
+    problems = problems_of(minimal(
+        sender={"schemas": True, "schemas.topic": "_reg", "dead.letter.topic": "_reg"},
+        receiver={"kafka": {"bootstrap.servers": "low:9092"}, "schemas.topic": "",
+                  "topic.rename": {"_reg": "elsewhere", "orders": "_schemas"}}))
+    assert any(p.startswith("sender.dead.letter.topic:") for p in problems)
+    assert any(p.startswith("receiver.schemas.topic: required") for p in problems)
+    assert any(p.startswith("receiver.topic.rename._reg:") for p in problems)
+    problems = problems_of(minimal(
+        sender={"schemas": True},
+        receiver={"kafka": {"bootstrap.servers": "low:9092"}, "topic.prefix": "_",
+                  "missing.records.topic": "_schemas"}))
+    assert any(p.startswith("receiver.missing.records.topic:") for p in problems)
+    assert not any("sender.topics" in p for p in problems)  # (_orders is not _schemas)
+    problems = problems_of(minimal(
+        sender={"schemas": True, "topics": ["schemas"]},
+        receiver={"kafka": {"bootstrap.servers": "low:9092"}, "topic.prefix": "_"}))
+    assert any(p.startswith("sender.topics (schemas):") for p in problems)
