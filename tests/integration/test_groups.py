@@ -48,8 +48,10 @@ def lay_out(bootstrap: str) -> dict:
         at[s] = len(records)
         records.append(written(s))
     records.append(written(420, resent=True))
-    produce(bootstrap, "dst_t", records)
-    produce(bootstrap, "dst_t", [{**written(s, X, 1), "partition": 1} for s in range(10)])
+    # idempotent, as the writer's producer: a retried batch never lands after the next one
+    in_order = {"bootstrap.servers": bootstrap, "enable.idempotence": True}
+    produce(in_order, "dst_t", records)
+    produce(in_order, "dst_t", [{**written(s, X, 1), "partition": 1} for s in range(10)])
     return at
 
 
