@@ -114,9 +114,13 @@ def read_group_offsets(admin, patterns, wanted: Callable[[str], bool],
 
 class Translated(dict):
     """translate()'s answer: source offset -> destination offset, or None when it cannot be
-    translated, and then `why` (None when every offset is translated)."""
+    translated, and then `why` (None when every offset is translated). `ahead`: the source
+    offsets past every record of the partition's current incarnation on the destination
+    (translated to the position after its last): records at or after them may still be on
+    their way, and with them records below them that were in flight."""
 
     why: str | None = None
+    ahead: frozenset = frozenset()
 
 
 def translate(settings: dict, destination_topic: str, destination_partition: int,
@@ -161,7 +165,9 @@ def translate(settings: dict, destination_topic: str, destination_partition: int
             r.read(destination_topic, {dp: (start, stop)}, take)
             return found
 
-        out.update(translate_from(read, low, high, incarnation, dp, wanted))
+        found = translate_from(read, low, high, incarnation, dp, wanted)
+        out.update(found)
+        out.ahead = found.ahead
     if None in out.values():
         out.why = (f"{destination_topic}[{dp}] holds no record of source partition {dp} of "
                    f"incarnation {identity.text(incarnation)} to translate by")
@@ -195,7 +201,13 @@ def translate_from(read: Callable[[int, int | None], list], low: int, high: int,
         return cache[start, stop]
 
     tail_keys = keyed(tail)
-    return {c: search(c, low, tail_start, tail_keys, fetch) for c in sorted(set(offsets))}
+    out = Translated((c, search(c, low, tail_start, tail_keys, fetch))
+                     for c in sorted(set(offsets)))
+    # (the newest record of the wanted incarnation, when it is the partition's current one)
+    top = max((key for _, key in tail_keys if key not in (OLDER, NEWER)), default=None)
+    if top is not None and not newer:
+        out.ahead = frozenset(c for c, at in out.items() if at is not None and c > top)
+    return out
 
 
 def provenance(offset: int, headers) -> tuple[int, bytes, int, int] | None:

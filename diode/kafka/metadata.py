@@ -23,6 +23,7 @@ from typing import NamedTuple
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from diode.kafka import groups
 from diode.kafka.clients import admin_config
 from diode.kafka.refresh import REQUEST_TIMEOUT, RETRY_SECONDS, Looker, hand, \
     topic_configs, topic_ids
@@ -73,14 +74,12 @@ class MetadataWatcher(Looker):
             ids = topic_ids(admin, sorted(counts))
             configs = topic_configs(admin, sorted(ids), self.configs)
             topics = {t: (ids[t], counts[t], configs.get(t, {})) for t in sorted(ids)}
-            offsets = {}
-            if self.patterns:
-                from diode.kafka import groups  # TODO top-level once merged
-                offsets = groups.read_group_offsets(admin, self.patterns, topics.__contains__,
-                                                    REQUEST_TIMEOUT)
+            offsets = groups.read_group_offsets(admin, self.patterns, topics.__contains__,
+                                                REQUEST_TIMEOUT) if self.patterns else {}
         except KafkaException as exc:  # (a timeout too: tried again soon)
             return Look("", {}, {}, str(exc), now_ms)
-        positions = {(g, t, p): offset for g, at in offsets.items()
+        own = self.config.get("group.id")  # (the readers' own: not a consumer to move)
+        positions = {(g, t, p): offset for g, at in offsets.items() if g != own
                      for (t, p), offset in at.items() if t in topics}
         return Look(md.cluster_id or "", topics, positions, None, now_ms)
 

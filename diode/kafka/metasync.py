@@ -27,19 +27,21 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource,
                                    NewPartitions, ResourceType)
 
 from diode.errors import DiodeError
-from diode.kafka.clients import admin_config, create_topic
+from diode.kafka import groups
+from diode.kafka.clients import admin_config, create_topic, producer_config
 from diode.kafka.preparer import CREATE_TIMEOUT, describe
 from diode.kafka.refresh import REQUEST_TIMEOUT, Looker, hand
 
 log = logging.getLogger("diode.kafka.metasync")
 
-MAX_SAID = 100_000        # refusals remembered (to report each once per value)
+MAX_SAID = 100_000        # refusals (and translations) remembered, to say or do each once
 TRANSLATE_TIMEOUT = 10.0  # s: reading a destination partition to translate an offset
+AHEAD_SETTLE_SECONDS = 30.0  # how long an offset past what arrived waits (see _group)
 
 
 class Report(NamedTuple):
@@ -94,6 +96,7 @@ class MetadataSync(Looker):
         self.busy = False  # work handed and not all reported (the loop's view)
         self._said: dict = {}      # (destination topic, config) -> (reason, value) reported
         self._translated: dict = {}  # (group, topic, partition) -> (incarnation, offset) done
+        self._ahead: dict = {}  # (group, topic, partition) -> (incarnation, offset, since when)
         self._producer = None
         self._checkpoints_ready = False
         super().__init__(1024)
@@ -239,8 +242,77 @@ class MetadataSync(Looker):
     # -- groups ----------------------------------------------------------------------------
 
     def _group(self, admin, group: str, entries: dict) -> Report:
-        """Translate a group's committed source offsets and commit or checkpoint them."""
-        raise NotImplementedError  # (filled in with diode.kafka.groups)
+        """Translate a group's committed source offsets (entries: (source topic, partition) ->
+        (incarnation, offset)) and commit them, or checkpoint them while the group is active
+        on the destination. An offset past every record that arrived of its partition waits
+        AHEAD_SETTLE_SECONDS, seen so at each sync (records below it may still be on their
+        way: committed at once, the position after the last one here would have the consumer
+        reprocess them); one already applied is not translated again."""
+        done, said, translated = [], [], {}
+        now = time.monotonic()
+        for (topic, partition), (incarnation, offset) in sorted(entries.items()):
+            key = (group, topic, partition)
+            if self._translated.get(key) == (incarnation, offset):
+                continue
+            dest = self.destination(topic)
+            found = groups.translate(self.settings, dest, partition, incarnation, [offset],
+                                     TRANSLATE_TIMEOUT)
+            at = found.get(offset)
+            if at is None:
+                if self._said.get(key) != ("untranslatable", offset):
+                    said.append(("untranslatable", f"{topic}[{partition}] offset {offset}: "
+                                                   f"{found.why}; tried again at each sync"))
+                    self._remember(key, ("untranslatable", offset))
+                continue
+            if offset in found.ahead:
+                seen = self._ahead.setdefault(key, (incarnation, offset, now))
+                if seen[:2] != (incarnation, offset):
+                    self._ahead[key] = (incarnation, offset, now)
+                    continue
+                if now - seen[2] < AHEAD_SETTLE_SECONDS:
+                    continue
+            self._ahead.pop(key, None)
+            translated[(dest, partition)] = (topic, partition, incarnation, offset, at)
+        if not translated:
+            return Report("group", group, done, said, time.time())
+        offsets = {tp: entry[4] for tp, entry in translated.items()}
+        applied = groups.apply(admin, group, offsets, REQUEST_TIMEOUT) \
+            if self.r.sync_group_offsets else None
+        for (dest, partition), at in (applied.committed if applied else {}).items():
+            topic, _, _, offset, _ = translated[(dest, partition)]
+            done.append(("group_commit", f"{dest}[{partition}] committed at {at} (the source's "
+                                         f"{topic}[{partition}] at {offset})"))
+        if self.r.group_checkpoints_topic:
+            for (dest, partition), (topic, sp, incarnation, offset, at) in translated.items():
+                self._checkpoint(*groups.checkpoint_record(
+                    group, topic, sp, offset, dest, partition, at, incarnation))
+            self._producer.flush(REQUEST_TIMEOUT)
+            if applied is None or applied.active:
+                done.append(("group_checkpoint", f"{len(translated)} offset(s) to "
+                             f"{self.r.group_checkpoints_topic}"
+                             f"{' (active on the destination)' if applied else ''}"))
+        for (dest, partition), (topic, sp, incarnation, offset, _) in translated.items():
+            if applied is None or not applied.active:
+                self._translated[(group, topic, sp)] = (incarnation, offset)
+        if len(self._translated) > MAX_SAID:
+            self._translated.clear()  # (translated again: bounded, never wrong)
+        return Report("group", group, done, said, time.time())
+
+    def _checkpoint(self, key: bytes, value: bytes) -> None:
+        """A translated offset to receiver.group.checkpoints.topic (created compacted)."""
+        topic = self.r.group_checkpoints_topic
+        if self._producer is None:
+            self._producer = Producer(producer_config(self.settings))
+        if not self._checkpoints_ready:
+            admin = AdminClient(admin_config(self.settings))
+            create_topic(admin, topic, 1, CREATE_TIMEOUT, config={"cleanup.policy": "compact"})
+            self._checkpoints_ready = True
+        while True:
+            try:
+                self._producer.produce(topic, value, key)
+                return
+            except BufferError:
+                self._producer.poll(0.1)
 
 
 def _described(admin, topic: str) -> dict:

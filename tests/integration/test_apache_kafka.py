@@ -12,7 +12,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from diode.link.linksim import Faults, FaultSettings
 from tests.conftest import (client, committed_offsets, consume, create_topic, headers_of,
                             produce, source_coordinates, wait_for, write_topology)
-from tests.integration.test_hostile_link import Link, missing_offsets, settle
+from tests.integration.conftest import Link
+from tests.integration.test_hostile_link import missing_offsets, settle
 
 SENDER, RECEIVER = 3, 3
 FAST_HEARTBEATS = {"sender": {"heartbeat.interval.ms": 300},

@@ -5,68 +5,12 @@ import random
 import socket
 import subprocess
 import sys
-import threading
 import time
 
-import pytest
 
-from diode.link.linksim import Faults, FaultSettings, LinkSim
-from tests.conftest import (consume, create_topic, free_port, headers_of, produce,
-                            source_coordinates, topic_id, wait_for, write_topology)
-
-SENDER, RECEIVER = 3, 3
-
-
-class Link:
-    """Sender -> link-sim (faults) -> receiver, each side launched with its own topology."""
-
-    def __init__(self, tmp_path, brokers, launch, faults: Faults, **overrides):
-        self.src, self.dst = brokers
-        self.receiver_port = free_port(socket.SOCK_DGRAM)
-        common = deep(overrides, {
-            "sender": {"heartbeat.interval.ms": 300},
-            "receiver": {"reorder.wait.ms": 500, "missing.records.topic": "missing"}})
-        rdir, sdir = tmp_path / "receiver", tmp_path / "sender"
-        rdir.mkdir()
-        sdir.mkdir()
-        self.receiver_topo = write_topology(rdir, self.src.bootstrap, self.dst.bootstrap,
-                                            **deep(common, {"link": {"port":
-                                                                     self.receiver_port}}))
-        self.sim = LinkSim(("127.0.0.1", 0), ("127.0.0.1", self.receiver_port), faults)
-        self.sender_topo = write_topology(sdir, self.src.bootstrap, self.dst.bootstrap,
-                                          **deep(common, {"link": {"port": self.sim.port}}))
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.sim.run, args=(self.stop.is_set,),
-                                       daemon=True)
-        self.thread.start()
-        self.receiver = launch(self.receiver_topo, side="receiver", workers=RECEIVER)
-        self.sender = launch(self.sender_topo, side="sender", workers=SENDER)
-
-    def close(self):
-        self.stop.set()
-        self.thread.join(5)
-        self.sim.close()
-
-
-def deep(base, extra):
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = deep(out.get(k, {}), v) if isinstance(v, dict) else v
-    return out
-
-
-@pytest.fixture
-def link(tmp_path, brokers, launch):
-    made = []
-
-    def make(faults, **overrides):
-        made.append(Link(tmp_path, brokers, launch, faults, **overrides))
-        return made[-1]
-
-    yield make
-    for lk in made:
-        lk.close()
-
+from diode.link.linksim import Faults, FaultSettings
+from tests.conftest import (consume, create_topic, headers_of, produce,
+                            source_coordinates, topic_id, wait_for)
 
 def missing_offsets(dst, expected_events=0, timeout=5.0):
     """(topic, partition, offset) reported missing and not filled later, from the topic."""

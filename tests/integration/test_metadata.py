@@ -2,15 +2,18 @@
 like their sources (partition count, configs), the operator's pinned configs left alone. On
 Apache Kafka and on Tansu."""
 
+import json
 import subprocess
 import sys
+import time
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource,
                                    NewPartitions, ResourceType)
 
-from tests.conftest import ROOT, client, consume, create_topic, produce, wait_for, \
-    write_topology
+from diode.link.linksim import Faults, FaultSettings
+from tests.conftest import ROOT, client, committed_offsets, consume, create_topic, produce, \
+    wait_for, write_topology
 
 
 def configs(cluster, topic: str) -> dict:
@@ -96,3 +99,60 @@ def test_destination_topics_follow_their_source(tmp_path, start_brokers, broker_
                             capture_output=True, text=True, cwd=ROOT).stdout
     assert "metadata of src synced" in status, status
     assert diode.stop() == 0
+
+
+def source_offsets(msgs) -> dict:
+    """source partition -> the sourceOffset of each message, in order read."""
+    out: dict = {}
+    for m in msgs:
+        h = dict(m.headers())
+        out.setdefault(int(h["sourcePartition"]), []).append(int(h["sourceOffset"]))
+    return out
+
+
+def test_a_consumer_group_moves_to_the_low_side(tmp_path, brokers, link):
+    """Group `app` read half of each partition on the source and committed. On the destination
+    the same group resumes at the translated offsets: partition 1 at its other half exactly;
+    partition 0, whose records 40..59 were lost on the link and committed at 50, at the first
+    record after the commit point that arrived (60), reading nothing before it and skipping
+    nothing after it."""
+    src, dst = brokers
+    create_topic(src.bootstrap, "src", 2)
+    lk = link(Faults(FaultSettings()), sender={"groups": ["app.*"]})
+    produce(src.bootstrap, "src", [{"value": b"%d" % i, "partition": 0} for i in range(40)] +
+            [{"value": b"%d" % i, "partition": 1} for i in range(100)])
+    assert len(consume(dst.bootstrap, "dst_src", 140)) == 140
+    lk.sim.faults.s = FaultSettings(loss=1.0)  # the link down while 40..59 are sent
+    produce(src.bootstrap, "src", [{"value": b"%d" % i, "partition": 0} for i in range(40, 60)])
+    assert committed_offsets(src.bootstrap, "diode-test", "src", 2, [60, 100],
+                             timeout=30) == [60, 100]
+    lk.sim.faults.s = FaultSettings()
+    produce(src.bootstrap, "src", [{"value": b"%d" % i, "partition": 0} for i in range(60, 100)])
+    assert len(consume(dst.bootstrap, "dst_src", 180, idle=1.0)) == 180  # 40..59 never came
+
+    app = Consumer(client(src.bootstrap, **{"group.id": "app"}))
+    app.commit(offsets=[TopicPartition("src", 0, 50), TopicPartition("src", 1, 50)],
+               asynchronous=False)
+    app.close()
+    # on the destination: the offsets of source records 60 (partition 0) and 50 (partition 1)
+    assert committed_offsets(dst.bootstrap, "app", "dst_src", 2, [40, 50],
+                             timeout=60) == [40, 50]
+
+    low = Consumer(client(dst.bootstrap, **{
+        "group.id": "app", "enable.auto.commit": False, "auto.offset.reset": "earliest",
+        "session.timeout.ms": 6000, "max.poll.interval.ms": 7000}))  # (Tansu joins slowly)
+    low.subscribe(["dst_src"])
+    read, deadline = [], time.monotonic() + 60
+    while len(read) < 90 and time.monotonic() < deadline:
+        read += [m for m in low.consume(100, timeout=0.5) if m.error() is None]
+    low.close()
+    assert source_offsets(read) == {0: list(range(60, 100)), 1: list(range(50, 100))}
+
+    checkpoints = [json.loads(m.value()) for m in consume(dst.bootstrap, "diode-checkpoints",
+                                                          2, timeout=30)]
+    assert {(c["consumerGroupId"], c["partition"], c["upstreamOffset"], c["downstreamOffset"])
+            for c in checkpoints} >= {("app", 0, 50, 40), ("app", 1, 50, 50)}
+    status = subprocess.run([sys.executable, "-m", "diode", "status",
+                             str(lk.receiver_topo)], capture_output=True, text=True,
+                            cwd=ROOT).stdout
+    assert "group app offsets synced" in status, status
