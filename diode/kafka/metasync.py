@@ -39,6 +39,7 @@ from diode.kafka.refresh import REQUEST_TIMEOUT, Looker, hand
 
 log = logging.getLogger("diode.kafka.metasync")
 
+MAX_PARTITIONS = 10_000   # most partitions a destination topic is given by metadata
 MAX_SAID = 100_000        # refusals (and translations) remembered, to say or do each once
 TRANSLATE_TIMEOUT = 10.0  # s: reading a destination partition to translate an offset
 AHEAD_SETTLE_SECONDS = 30.0  # how long an offset past what arrived waits (see _group)
@@ -168,6 +169,10 @@ class MetadataSync(Looker):
                 said.append((reason, f"{dest}: the source's {name}={value} not applied "
                                      f"({why})"))
                 self._remember((dest, name), (reason, value))
+        if partitions > MAX_PARTITIONS:
+            said.append(("rejected", f"{dest}: {partitions} partitions: more than "
+                                     f"{MAX_PARTITIONS}, not followed"))
+            partitions = 0
         count, _ = describe(admin, dest)
         if not count:
             if self._create(admin, dest, max(1, partitions), target):
@@ -294,8 +299,9 @@ class MetadataSync(Looker):
         for (dest, partition), (topic, sp, incarnation, offset, _) in translated.items():
             if applied is None or not applied.active:
                 self._translated[(group, topic, sp)] = (incarnation, offset)
-        if len(self._translated) > MAX_SAID:
-            self._translated.clear()  # (translated again: bounded, never wrong)
+        for seen in (self._translated, self._ahead):
+            if len(seen) > MAX_SAID:
+                seen.clear()  # (translated again, waited for again: bounded, never wrong)
         return Report("group", group, done, said, time.time())
 
     def _checkpoint(self, key: bytes, value: bytes) -> None:

@@ -398,7 +398,9 @@ class ReceiverSettings:
         "destination lacks is created) and whenever they change. A partition-count increase is "
         "followed either way.")
     sync_topic_configs_allow: list = setting(
-        [], "Configs that may be applied (empty: every one the sender sends).", strings)
+        list(METADATA_CONFIGS), "Configs the sender's metadata may set on destination topics "
+        "(the low side decides what the high side may change; empty: every one it sends).",
+        strings)
     sync_topic_configs_deny: list = setting(
         [], "Configs never applied (they win over allow).", strings)
     topic_configs: dict = setting(

@@ -175,6 +175,40 @@ def test_the_sources_state_crosses_to_the_writers_owning_its_partitions(zctx):
     u.close()
 
 
+def test_the_sources_metadata_crosses_whole_in_as_many_datagrams_as_it_needs(zctx):
+    """Reader 0's metadata (wire.KIND_METADATA) for 300 topics and 200 group positions, more
+    than a datagram holds: sealed by a packer in several datagrams, each within the datagram
+    size, it reaches writer 0, and only it, whole."""
+    p, feed, out = packer_wired(zctx)
+    inc = bytes(range(16))
+    meta = {"reader": 0, "time_ms": 5, "cluster": "c", "whole": True,
+            "topics": [(f"topic-{i}", inc, 1 + i % 7, {"cleanup.policy": "compact",
+                                                       "retention.ms": str(1000 * i)})
+                       for i in range(300)],
+            "groups": [(f"g{i % 5}", f"topic-{i}", i % 3, inc, 10 * i) for i in range(200)]}
+    feed.send_multipart([transport.dumps(("metadata", meta))])
+    sent = []
+    deadline = time.monotonic() + 5
+    while not sent and time.monotonic() < deadline:
+        sent = [bytes(d) for d, _ in packer_step(p, out)]
+    assert len(sent) > 5 and all(len(d) <= 1472 for d in sent)
+    assert {wire.parse_header(d).kind for d in sent} == {wire.KIND_METADATA}
+    u, writers, to_unpacker = unpacker_with_writers(zctx, 3)
+    to_unpacker.send_multipart(datagrams_message(*sent))
+    got = [[] for _ in writers]
+    deadline = time.monotonic() + 5
+    while sum(map(len, got)) < len(sent) and time.monotonic() < deadline:
+        u.step()
+        for i, w in enumerate(writers):
+            for frames in transport.drain(w):
+                got[i] += transport.loads(frames[0])[7]
+    assert not got[1] and not got[2]
+    assert all(m["kind"] == "metadata" for m in got[0])
+    assert [t for m in got[0] for t in m["topics"]] == meta["topics"]
+    assert [g for m in got[0] for g in m["groups"]] == meta["groups"]
+    u.close()
+
+
 def test_udp_reader_routes_by_key_and_drops_what_is_not_ours(zctx):
     t = topology(unpacker=2)
     unpackers = [sink(zctx, "receiver", "unpacker", i) for i in range(2)]
