@@ -405,8 +405,9 @@ class ReceiverSettings:
         [], "Configs never applied (they win over allow).", strings)
     topic_configs: dict = setting(
         {}, "Configs the operator pins on destination topics: destination topic (or * for "
-        "every replicated topic) -> {config: value}. Applied at creation and kept; the "
-        "source's value of a pinned config is never applied.",
+        "every topic the receiver creates, its own event topics too) -> {config: value}. "
+        "Applied at creation and kept; the source's value of a pinned config is never "
+        "applied.",
         example={"*": {"retention.ms": "604800000"}})
     sync_group_offsets: bool = setting(
         True, "Commit the translated offsets of the sender's groups (sender.groups) on the "

@@ -63,3 +63,49 @@ def test_metadata_crosses_the_wire_whole_and_a_damaged_one_is_rejected():
         wire.decode_metadata(payload[:-3])
     with pytest.raises(RejectedDatagram):
         wire.decode_metadata(payload + b"\x00")
+
+
+def test_a_group_offset_past_what_arrived_waits_before_it_is_committed(monkeypatch):
+    """A committed offset past every record of its partition that arrived (caught up, or the
+    records after it still on their way) is committed only once seen so for
+    AHEAD_SETTLE_SECONDS; one with a record at or after it at once; one applied is not
+    translated again."""
+    from diode.kafka import groups, metasync
+    from diode.runtime.topology import from_dict
+
+    t = from_dict({"security": {"password.env": "X", "salt": "s"},
+                   "sender": {"kafka": {"bootstrap.servers": "x:1"}, "topics": ["t"]},
+                   "receiver": {"kafka": {"bootstrap.servers": "x:1"}, "topic.prefix": "d_",
+                                "group.checkpoints.topic": ""}})
+    sync = metasync.MetadataSync({}, t.receiver, lambda topic: "d_" + topic)
+    clock, asked, committed = [100.0], [], []
+
+    def translate(settings, dest, partition, incarnation, offsets, timeout):
+        asked.append((dest, partition, offsets[0]))
+        out = groups.Translated({offsets[0]: 40 if partition == 0 else 90})
+        out.ahead = frozenset() if partition == 0 else frozenset(offsets)
+        return out
+
+    def apply(admin, group, offsets, timeout):
+        committed.append(dict(offsets))
+        return groups.Applied(committed=dict(offsets))
+
+    monkeypatch.setattr(metasync.groups, "translate", translate)
+    monkeypatch.setattr(metasync.groups, "apply", apply)
+    monkeypatch.setattr(metasync.time, "monotonic", lambda: clock[0])
+    entries = {("t", 0): (A, 60), ("t", 1): (A, 100)}
+    report = sync._group(None, "app", entries)
+    assert committed == [{("d_t", 0): 40}]  # partition 1's offset waits
+    assert [reason for reason, _ in report.done] == ["group_commit"]
+    clock[0] += metasync.AHEAD_SETTLE_SECONDS - 1
+    sync._group(None, "app", entries)
+    assert committed[1:] == []  # not yet; partition 0 not asked again
+    assert asked.count(("d_t", 0, 60)) == 1
+    clock[0] += 2
+    sync._group(None, "app", entries)
+    assert committed[1:] == [{("d_t", 1): 90}]
+    # moved on meanwhile: waits afresh
+    sync._group(None, "app", {("t", 1): (A, 120)})
+    clock[0] += 2
+    sync._group(None, "app", {("t", 1): (A, 120)})
+    assert len(committed) == 2
