@@ -95,13 +95,16 @@ def test_a_record_compacted_away_in_the_destination_is_named_incomplete(
     src, dst = start_brokers("kafka", "source", "destination",
                              config={"log.cleaner.backoff.ms": 200})
     create_topic(src.bootstrap, "src", 1)
-    create_topic(dst.bootstrap, "dst_src", 1, {  # compacted, and cleaned at once
+    compacted_now = {  # compacted, and cleaned at once
         "cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
-        "min.compaction.lag.ms": "0", "delete.retention.ms": "100"})
+        "min.compaction.lag.ms": "0", "delete.retention.ms": "100"}
+    create_topic(dst.bootstrap, "dst_src", 1, compacted_now)
     topology = write_topology(tmp_path, src.bootstrap, dst.bootstrap,
                               sender={"digest.records": PER_DIGEST},
                               receiver={"digest.topic": "digests",
-                                        "missing.records.topic": "missing"})
+                                        "missing.records.topic": "missing",
+                                        # (pinned: else the source's delete policy is synced)
+                                        "topic.configs": {"dst_src": compacted_now}})
     diode = launch(topology)
     produce(src.bootstrap, "src", [{"key": b"k%d" % i, "value": b"v%d" % i}
                                    for i in range(100)])
