@@ -17,16 +17,22 @@ from tests.conftest import (ROOT, consume, create_topic, headers_of, produce, wa
 TOTAL, PER_DIGEST = 400, 50
 
 
+def verify_args(dst, *more) -> list:
+    return ["--bootstrap", dst, "--prefix", "dst_", "--digest-topic", "digests",
+            "--missing-records-topic", "missing", "--master", "local[2]", "--format", "python",
+            *more]
+
+
 def verify(dst, *more) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "diode", "verify", "--bootstrap", dst,
-                           "--prefix", "dst_", "--digest-topic", "digests",
-                           "--missing-records-topic", "missing", "--master", "local[2]",
-                           "--format", "python", *more],
+    """`diode verify` as a process of its own (its own JVM)."""
+    return subprocess.run([sys.executable, "-m", "diode", "verify", *verify_args(dst, *more)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
 def test_verify_proves_the_content_and_names_an_altered_and_a_deleted_record(
-        spark, brokers, launch, tmp_path):
+        spark, brokers, launch, tmp_path, verify_here):
+    """`diode verify` runs in this process on the shared session (the compaction test below
+    runs it as a process)."""
     src, dst = brokers
     create_topic(src.bootstrap, "src", 2)
     topology = write_topology(tmp_path, src.bootstrap, dst.bootstrap,
@@ -58,7 +64,7 @@ def test_verify_proves_the_content_and_names_an_altered_and_a_deleted_record(
                                         "partition": original.partition(),
                                         "timestamp": original.timestamp()[1],
                                         "headers": original.headers()}])
-    r = verify(dst.bootstrap, "--json", str(tmp_path / "report.json"))
+    r = verify_here(*verify_args(dst.bootstrap, "--json", tmp_path / "report.json"))
     assert r.returncode == 1, r.stderr[-3000:] + r.stdout
     assert "altered: src[1] 50..99: 1 offset(s) written with two contents" in r.stdout, r.stdout
     report = json.loads((tmp_path / "report.json").read_text())["digests"]
@@ -89,13 +95,16 @@ def test_a_record_compacted_away_in_the_destination_is_named_incomplete(
     src, dst = start_brokers("kafka", "source", "destination",
                              config={"log.cleaner.backoff.ms": 200})
     create_topic(src.bootstrap, "src", 1)
-    create_topic(dst.bootstrap, "dst_src", 1, {  # compacted, and cleaned at once
+    compacted_now = {  # compacted, and cleaned at once
         "cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
-        "min.compaction.lag.ms": "0", "delete.retention.ms": "100"})
+        "min.compaction.lag.ms": "0", "delete.retention.ms": "100"}
+    create_topic(dst.bootstrap, "dst_src", 1, compacted_now)
     topology = write_topology(tmp_path, src.bootstrap, dst.bootstrap,
                               sender={"digest.records": PER_DIGEST},
                               receiver={"digest.topic": "digests",
-                                        "missing.records.topic": "missing"})
+                                        "missing.records.topic": "missing",
+                                        # (pinned: else the source's delete policy is synced)
+                                        "topic.configs": {"dst_src": compacted_now}})
     diode = launch(topology)
     produce(src.bootstrap, "src", [{"key": b"k%d" % i, "value": b"v%d" % i}
                                    for i in range(100)])

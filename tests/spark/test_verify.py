@@ -292,9 +292,12 @@ def test_streaming_audit_reports_missing_ranges_then_fills_and_carries_on_after_
         ("missing", 97)]
 
 
-def test_spark_submit_runs_an_incremental_streaming_audit_that_carries_on(brokers, tmp_path):
+def test_spark_submit_runs_an_incremental_streaming_audit_that_carries_on(brokers, tmp_path,
+                                                                         verify_here):
     """The documented spark-submit command, with --stream --available-now: each run audits
-    what arrived since the last one, from its checkpoint, and exits 0 once nothing is missing."""
+    what arrived since the last one, from its checkpoint, and exits 0 once nothing is missing.
+    The next run, from the same checkpoint, is `diode verify` with the same arguments in this
+    process (on the shared session: a second spark-submit would be a JVM more to start)."""
     import os
     from pathlib import Path
 
@@ -304,17 +307,15 @@ def test_spark_submit_runs_an_incremental_streaming_audit_that_carries_on(broker
     _, dst = brokers
     plant(dst.bootstrap)
     report_path = tmp_path / "report.json"
+    args = ["--bootstrap", dst.bootstrap, "--prefix", "dst_", "--heartbeat-topic", "beats",
+            "--stream", "--available-now", "--checkpoint", str(tmp_path / "ck"),
+            "--grace-seconds", "0", "--max-offsets-per-trigger", "20", "--format", "python",
+            "--json", str(report_path)]
     cmd = [str(Path(pyspark.__file__).parent / "bin" / "spark-submit"), "--master", "local[2]",
            "--conf", f"spark.pyspark.python={sys.executable}", diode.spark.command.__file__,
-           "--bootstrap", dst.bootstrap, "--prefix", "dst_", "--heartbeat-topic", "beats",
-           "--stream", "--available-now", "--checkpoint", str(tmp_path / "ck"),
-           "--grace-seconds", "0", "--max-offsets-per-trigger", "20", "--format", "python",
-           "--json", str(report_path)]
+           *args]
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-
-    def run():
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    first = run()
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert first.returncode == 1, first.stderr[-3000:]
     # progress, batch by batch (spark-submit puts the driver's stderr on its stdout)
     assert "diode verify: batch 0:" in first.stdout + first.stderr
@@ -325,7 +326,7 @@ def test_spark_submit_runs_an_incremental_streaming_audit_that_carries_on(broker
                                      for o in (3, 4, 15, 20, 21, 22)])
     produce(dst.bootstrap, "dst_b", [{"value": b"b", "headers": origin("b", 0, o)}
                                      for o in (97, 98, 99)])
-    second = run()
+    second = verify_here(*args)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "carrying on from batch" in second.stdout + second.stderr
     rep = json.loads(report_path.read_text())
