@@ -799,6 +799,8 @@ class Stage(BaseStage):
         for reason, text in report.refused:
             self.log.warning("metadata of %s %s: %s", what, report.name, text)
             self.metrics.inc("metadata_refused", reason=reason)
+        if not report.at:
+            return  # (nothing applied yet: waits for records to translate by)
         if report.kind == "topic":
             self.metrics.set("metadata_synced_timestamp_seconds", report.at,
                              topic=report.name)

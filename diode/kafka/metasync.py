@@ -253,7 +253,7 @@ class MetadataSync(Looker):
         AHEAD_SETTLE_SECONDS, seen so at each sync (records below it may still be on their
         way: committed at once, the position after the last one here would have the consumer
         reprocess them); one already applied is not translated again."""
-        done, said, translated = [], [], {}
+        done, said, translated, waiting = [], [], {}, False
         now = time.monotonic()
         for (topic, partition), (incarnation, offset) in sorted(entries.items()):
             key = (group, topic, partition)
@@ -264,6 +264,7 @@ class MetadataSync(Looker):
                                      TRANSLATE_TIMEOUT)
             at = found.get(offset)
             if at is None:
+                waiting = True
                 if self._said.get(key) != ("untranslatable", offset):
                     said.append(("untranslatable", f"{topic}[{partition}] offset {offset}: "
                                                    f"{found.why}; tried again at each sync"))
@@ -273,13 +274,15 @@ class MetadataSync(Looker):
                 seen = self._ahead.setdefault(key, (incarnation, offset, now))
                 if seen[:2] != (incarnation, offset):
                     self._ahead[key] = (incarnation, offset, now)
+                    waiting = True
                     continue
                 if now - seen[2] < AHEAD_SETTLE_SECONDS:
+                    waiting = True
                     continue
             self._ahead.pop(key, None)
             translated[(dest, partition)] = (topic, partition, incarnation, offset, at)
-        if not translated:
-            return Report("group", group, done, said, time.time())
+        if not translated:  # (synced when every offset was applied before; else not yet)
+            return Report("group", group, done, said, 0.0 if waiting else time.time())
         offsets = {tp: entry[4] for tp, entry in translated.items()}
         applied = groups.apply(admin, group, offsets, REQUEST_TIMEOUT) \
             if self.r.sync_group_offsets else None

@@ -300,7 +300,10 @@ def test_records_the_destination_refuses_go_to_the_dead_letter_topic_and_others_
     create_topic(dst.bootstrap, "dst_src", 2, {"max.message.bytes": "20000"})
     topo = durable_topology(tmp_path, src, dst,
                             sender={"topics": ["src", "good", "bad"]},
-                            receiver={"topic.rename": {"bad": "bad/name"}})
+                            receiver={"topic.rename": {"bad": "bad/name"},
+                                      # (the low side's limit, kept: not the source's)
+                                      "topic.configs": {"dst_src": {
+                                          "max.message.bytes": "20000"}}})
     start_pair(launch, topo)
     produce(src.bootstrap, "src", [{"value": b"small %d" % i, "partition": 0}
                                    for i in range(20)] +

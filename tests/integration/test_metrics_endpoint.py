@@ -11,6 +11,8 @@ import sys
 import time
 import urllib.request
 
+from confluent_kafka import Consumer, TopicPartition
+
 from diode.kafka.brokers import free_port
 from diode.runtime.metrics import CATALOG, exported_name
 from tests.conftest import (ROOT, Launched, consume, create_topic, produce, wait_for,
@@ -60,7 +62,7 @@ def test_each_side_serves_every_documented_metric_and_status_shows_the_launch(
     src, dst = start_brokers("tansu", "source", "destination")
     listen = {side: f"127.0.0.1:{free_port()}" for side in ("sender", "receiver")}
     path = write_topology(tmp_path, src.bootstrap, dst.bootstrap,
-                          sender={"metrics.listen": listen["sender"]},
+                          sender={"metrics.listen": listen["sender"], "groups": ["app"]},
                           receiver={"metrics.listen": listen["receiver"],
                                     "missing.records.topic": "missing"})
     create_topic(src.bootstrap, "src", 2)
@@ -72,12 +74,17 @@ def test_each_side_serves_every_documented_metric_and_status_shows_the_launch(
         d.wait_ready(WORKERS)
         produce(src.bootstrap, "src", [{"value": b"v%d" % i} for i in range(500)])
         assert len(consume(dst.bootstrap, "dst_src", 500)) == 500
+        app = Consumer({"bootstrap.servers": src.bootstrap, "group.id": "app"})
+        app.commit(offsets=[TopicPartition("src", p, 1) for p in (0, 1)],  # (a group's
+                   asynchronous=False)                # offsets synced: the group's metric)
+        app.close()
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # a forged datagram
             s.sendto(b"not a diode datagram" * 8, ("127.0.0.1", d_port(path)))
         deadline = time.monotonic() + 30
         while True:
             text = scrape(listen["sender"]) + scrape(listen["receiver"])
             if sample(text, "diode_records_total", stage="kafka_writer") == 500 and \
+                    "diode_group_synced_timestamp_seconds{" in text and \
                     sample(text, "diode_rejects_total", reason="bad_magic") == 1 and \
                     sample(text, "diode_end_to_end_latency_seconds_count") >= 1:
                 break
