@@ -4,7 +4,7 @@ import re
 from itertools import islice
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import NewTopic
+from confluent_kafka.admin import NewPartitions, NewTopic
 
 from diode.kafka import identity
 from diode.link.records import partition_owner
@@ -105,6 +105,13 @@ def create_topic(admin, topic: str, partitions: int, timeout: float = 15.0,
         if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
             return False
         raise
+
+
+def raise_partitions(admin, topic: str, partitions: int, timeout: float = 15.0) -> None:
+    """Raise `topic`'s partition count to `partitions`; KafkaException when the cluster
+    refuses (INVALID_PARTITIONS: it has that many already; Tansu: not supported)."""
+    admin.create_partitions([NewPartitions(topic, partitions)],
+                            operation_timeout=timeout)[topic].result(timeout + 5)
 
 
 def record_headers(run, own, extra=()) -> list:

@@ -29,13 +29,13 @@ from typing import NamedTuple
 
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource,
-                                   NewPartitions, ResourceType)
+                                   ResourceType)
 
 from diode.errors import DiodeError
 from diode.kafka import groups
-from diode.kafka.clients import admin_config, create_topic, producer_config
+from diode.kafka.clients import admin_config, create_topic, producer_config, raise_partitions
 from diode.kafka.preparer import CREATE_TIMEOUT, describe
-from diode.kafka.refresh import REQUEST_TIMEOUT, Looker, hand
+from diode.kafka.refresh import REQUEST_TIMEOUT, Looker, hand, topic_configs
 
 log = logging.getLogger("diode.kafka.metasync")
 
@@ -184,16 +184,14 @@ class MetadataSync(Looker):
                 raise KafkaException(f"{dest} is not in the destination's metadata")
         if partitions > count:
             try:
-                admin.create_partitions([NewPartitions(dest, partitions)],
-                                        operation_timeout=CREATE_TIMEOUT)[dest].result(
-                                            CREATE_TIMEOUT + 5)
+                raise_partitions(admin, dest, partitions, CREATE_TIMEOUT)
                 done.append(("partitions", f"{dest} from {count} to {partitions} partitions"))
             except KafkaException as exc:
                 if self._said.get((dest, "partitions")) != ("rejected", partitions):
                     said.append(("rejected", f"{dest}: partitions {count} -> {partitions}: "
                                              f"{exc.args[0].str()}"))
                     self._remember((dest, "partitions"), ("rejected", partitions))
-        current = _described(admin, dest)
+        current = topic_configs(admin, [dest], sorted(target)).get(dest, {})
         changes = {k: v for k, v in target.items() if current.get(k) != v}
         if changes:
             for name, value, error in self._alter(admin, dest, changes):
@@ -322,14 +320,6 @@ class MetadataSync(Looker):
                 return
             except BufferError:
                 self._producer.poll(0.1)
-
-
-def _described(admin, topic: str) -> dict:
-    """{config: value} of a destination topic as its cluster describes it."""
-    resource = ConfigResource(ResourceType.TOPIC, topic)
-    described = admin.describe_configs([resource], request_timeout=REQUEST_TIMEOUT)[
-        resource].result(REQUEST_TIMEOUT + 5)
-    return {k: str(e.value) for k, e in described.items() if e.value is not None}
 
 
 def _listed(configs: dict) -> str:

@@ -21,11 +21,11 @@ import threading
 from typing import NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewPartitions
+from confluent_kafka.admin import AdminClient
 
 from diode.errors import DiodeError
 from diode.kafka import recovery
-from diode.kafka.clients import admin_config, create_topic
+from diode.kafka.clients import admin_config, create_topic, raise_partitions
 from diode.kafka.refresh import hand, taken
 
 log = logging.getLogger("diode.kafka.preparer")
@@ -146,9 +146,7 @@ class Preparer:
         after (the same when the destination refuses: logged, the records of the partitions
         it lacks are then spread by key)."""
         try:
-            admin.create_partitions([NewPartitions(topic, partitions)],
-                                    operation_timeout=CREATE_TIMEOUT)[topic].result(
-                                        CREATE_TIMEOUT + 5)
+            raise_partitions(admin, topic, partitions, CREATE_TIMEOUT)
             log.info("raised destination topic %s from %d to %d partitions (the source's)",
                      topic, count, partitions)
         except KafkaException as exc:
