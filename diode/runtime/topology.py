@@ -107,6 +107,12 @@ def size_or_auto(lo, hi):
 SECRET_KAFKA_KEYS = ("sasl.password", "sasl.oauthbearer.client.secret", "ssl.key.password",
                      "ssl.keystore.password", "ssl.key.pem")
 REFERENCE = re.compile(r"\$\{(env|file):([^}]*)\}")
+# Kafka client settings that name a file librdkafka opens (relative to where the client runs):
+# `diode check` tries each (diode.runtime.preflight).
+FILE_KAFKA_KEYS = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location",
+                   "ssl.crl.location", "ssl.keystore.location", "sasl.kerberos.keytab",
+                   "https.ca.location", "sasl.oauthbearer.assertion.private.key.file",
+                   "sasl.oauthbearer.assertion.jwt.template.file")
 
 
 def kafka_value_problems(key: str, value) -> list[str]:
