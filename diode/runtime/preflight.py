@@ -34,6 +34,7 @@ from diode.runtime.topology import FILE_KAFKA_KEYS, REFERENCE, yaml_key
 CLUSTER_TIMEOUT_SECONDS = 2.5
 CLUSTER = {"sender": "source", "receiver": "destination"}
 VOLATILE_FILESYSTEMS = ("tmpfs", "ramfs")
+IPC_PATH_MAX = 107  # bytes of a Unix socket's path (sockaddr_un.sun_path, less its NUL)
 # around what a librdkafka log line says: "host:port/bootstrap: ... (after 0ms in state CONNECT)"
 LOG_NOISE = re.compile(r"^\S+/\S+: | \(after \d+ms in state \w+\)$")
 
@@ -296,19 +297,34 @@ def _size(n: int) -> str:
 
 
 def directories(t, sides) -> Report:
-    """The other directories a launch writes: supervisor.run.dir, an embedded broker's
-    data.dir."""
+    """The other directories a launch writes: supervisor.run.dir (and the length of the socket
+    paths in it), an embedded broker's data.dir."""
     report = Report()
-    wanted = {"supervisor.run.dir": t.supervisor.run_dir}
+    wanted = {"supervisor.run.dir": t.supervisor.run_dir}  # (as the launch takes it: as is)
     for i, b in enumerate(t.brokers):
         if b.side in sides and b.kind == "kafka":
-            wanted[f"brokers[{i}].data.dir"] = b.data_dir
+            wanted[f"brokers[{i}].data.dir"] = t.resolve(b.data_dir)
     for setting, path in wanted.items():
         if path:
-            problem, _ = writable_dir(t.resolve(path))
+            problem, _ = writable_dir(path)
             if problem:
                 report.problems.append(f"{setting}: {problem}")
+    if t.supervisor.run_dir:
+        report.problems += _ipc_paths(t, sides, t.supervisor.run_dir)
     return report
+
+
+def _ipc_paths(t, sides, run_dir: str) -> list[str]:
+    """The queues' ipc endpoints in the run directory are Unix socket paths, of at most
+    IPC_PATH_MAX bytes: a longer one fails every worker's start."""
+    from diode.runtime import wiring
+    longest = max((e for spec in wiring.plan(t, sides) for e in wiring.describe(
+        t, spec, run_dir)[0] if e.startswith("ipc://")), key=len, default="")
+    path = longest.removeprefix("ipc://")
+    if len(path.encode()) <= IPC_PATH_MAX:
+        return []
+    return [f"supervisor.run.dir: {run_dir} is too long for the queues' sockets in it: "
+            f"{path} is {len(path.encode())} bytes, a Unix socket path at most {IPC_PATH_MAX}"]
 
 
 # -- ports -------------------------------------------------------------------------------------

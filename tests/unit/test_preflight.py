@@ -140,6 +140,18 @@ def test_the_journal_directory_must_be_writable_or_creatable(tmp_path):
     assert "less than receiver.journal.max.bytes" in preflight.journal_dir(t).warnings[0]
 
 
+def test_a_run_directory_too_long_for_its_sockets_is_a_problem(tmp_path):
+    deep = tmp_path / ("d" * 90)
+    t = load(tmp_path, supervisor={"run.dir": str(deep)})
+    found = preflight.directories(t, ("receiver",))
+    path = deep / "receiver-udp_reader-0.control"
+    assert found.problems == [
+        f"supervisor.run.dir: {deep} is too long for the queues' sockets in it: "
+        f"{path} is {len(str(path))} bytes, a Unix socket path at most 107"]
+    t = load(tmp_path, supervisor={"run.dir": str(tmp_path / "run")})
+    assert preflight.directories(t, ("receiver",)).problems == []
+
+
 def ports_while_taken(t) -> preflight.Report:
     """What the receiver's check finds while another socket holds its UDP port."""
     taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
