@@ -13,70 +13,56 @@ from diode.errors import DiodeError, TopologyError
 from diode.runtime.worker import configure_logging
 
 
-def kafka_problems(t, sides=topo.SIDES) -> list[str]:
-    """librdkafka's own verdict on the pass-through settings (unknown keys, bad values), found
-    by building the clients without connecting, after reading the ${file:...} and ${env:...}
-    they name. Only `diode check` does this: the supervisor must not create Kafka clients
-    before it forks."""
-    from confluent_kafka import Consumer, KafkaException, Producer
-    from diode.errors import SecretError
-    from diode.kafka.clients import client_settings, consumer_config, producer_config
-    makers = {"sender": lambda: Consumer(consumer_config(t)).close(),
-              "receiver": lambda: Producer(producer_config(client_settings(t, "receiver")))}
-    problems = []
-    for side in sides:
-        try:
-            makers[side]()
-        except SecretError as exc:
-            problems.append(f"{side}.kafka: {exc}")
-        except KafkaException as exc:
-            err = exc.args[0]
-            problems.append(f"{side}.kafka: {err.str() if hasattr(err, 'str') else err}")
-    return problems
-
-
 def cmd_check(args) -> int:
-    from diode.runtime import statedir
+    """Validate the topology, then check on this host what a launch of the side(s) asked would
+    need (diode.runtime.preflight): problems exit 2, warnings are printed and exit 0; then the
+    plan of those sides."""
+    from diode.runtime import preflight, statedir
     t = topo.load(args.file)
-    problems = kafka_problems(t, topo.SIDES if args.side == "both" else (args.side,))
-    r = t.receiver
-    state_dir = t.resolve(r.journal_dir)
-    if args.side != "sender" and r.journal_enabled:
-        found = statedir.read_identity_quietly(state_dir)
-        if found is not None and found != statedir.identity_of(t):
-            problems.append(f"receiver.journal.dir: {state_dir} holds the state of topology "
-                            f"{found['topology']!r} ({found['link']}): a launch refuses it "
-                            "(point it elsewhere, or launch with --reset-state)")
-    if problems:
-        raise TopologyError(t.path, problems)
+    sides = topo.SIDES if args.side == "both" else (args.side,)
+    found = preflight.check(t, sides, args.timeout, args.verbose)
+    fragmented = link_path.fragmentation(t.link) if "sender" in sides else None
+    for warning in found.warnings + ([fragmented] if fragmented else []):
+        print(f"warning: {warning}", file=sys.stderr)
+    if found.problems:
+        raise TopologyError(t.path, found.problems)
     run_dir = t.supervisor.run_dir or "<run dir>"
-    print(f"topology {t.name} ({t.path}): valid")
-    print(f"link: udp {t.link.host}:{t.link.port} (receiver binds {t.link.bind_address}), "
-          f"datagrams up to {t.link.datagram_size_bytes} bytes"
-          f"{f' ({t.link.datagram_size_note})' if t.link.datagram_size_note else ''}, "
-          f"{t.link.rate_mbps:g} Mbit/s{' (unpaced)' if not t.link.rate_mbps else ''}")
-    fragmented = link_path.fragmentation(t.link)
-    if fragmented:
-        print(f"warning: {fragmented}", file=sys.stderr)
+    print(f"topology {t.name} ({t.path}): valid; what a launch of the "
+          f"{' and '.join(sides)} needs is here")
+    size = (f"datagrams up to {t.link.datagram_size_bytes} bytes"
+            f"{f' ({t.link.datagram_size_note})' if t.link.datagram_size_note else ''}")
+    rate = f"{t.link.rate_mbps:g} Mbit/s{' (unpaced)' if not t.link.rate_mbps else ''}"
+    if "sender" in sides:
+        print(f"link: udp {t.link.host}:{t.link.port}"
+              f"{f' (receiver binds {t.link.bind_address})' if 'receiver' in sides else ''}, "
+              f"{size}, {rate}")
+    else:
+        print(f"link: udp {t.link.bind_address}:{t.link.port} bound, {size}, {rate}")
     print(f"security: {t.security.cipher}, compression: {t.compression}")
-    print(f"receive journal: {state_dir} (up to {r.journal_max_bytes} bytes, "
-          f"fsync {r.journal_fsync}, checkpoints every {r.checkpoint_interval_ms:g} ms)"
-          if r.journal_enabled else "receive journal: off (a receiver restart loses what is in "
-          "flight, reported missing)")
-    if args.side != "sender" and r.journal_enabled:
-        held = statedir.held_state(state_dir)
-        print(f"receiver state: {len(held)} source partition(s) in the checkpoints" +
-              "".join(f"\n  {line}" for line in held) if held else
-              "receiver state: none (a first start)")
+    r = t.receiver
+    if "receiver" in sides:
+        state_dir = t.resolve(r.journal_dir)
+        print(f"receive journal: {state_dir} (up to {r.journal_max_bytes} bytes, "
+              f"fsync {r.journal_fsync}, checkpoints every {r.checkpoint_interval_ms:g} ms)"
+              if r.journal_enabled else "receive journal: off (a receiver restart loses what "
+              "is in flight, reported missing)")
+        if r.journal_enabled:
+            held = statedir.held_state(state_dir)
+            print(f"receiver state: {len(held)} source partition(s) in the checkpoints" +
+                  "".join(f"\n  {line}" for line in held) if held else
+                  "receiver state: none (a first start)")
     for b in t.brokers:
-        print(f"embedded {b.kind} broker {b.name or b.listen}: {b.listen} ({b.side} side)")
+        if b.side in sides:
+            print(f"embedded {b.kind} broker {b.name or b.listen}: {b.listen} ({b.side} side)")
+    for note in found.notes:
+        print(f"checked: {note}")
     print(f"{'process':<28} {'cpus':<10} endpoints")
-    for spec in wiring.plan(t):
+    for spec in wiring.plan(t, sides):
         cpus = ",".join(map(str, spec.cpus)) or "all"
         binds, connects = wiring.describe(t, spec, run_dir)
         print(f"diode: {spec.name:<20} {cpus:<10} "
               + "; ".join([f"binds {e}" for e in binds] + [f"-> {e}" for e in connects]))
-    if args.side != "sender" and t.link.rate_mbps and not args.no_measure:
+    if "receiver" in sides and t.link.rate_mbps and not args.no_measure:
         from diode.tune.capacity import check_rate, measure_receiver
         lines, warning = check_rate(t, measure_receiver(t, args.record_bytes))
         print("\n".join(lines))
@@ -243,17 +229,23 @@ def installed_version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """Every `diode` command and its options."""
+    from diode.runtime.preflight import CLUSTER_TIMEOUT_SECONDS
     parser = argparse.ArgumentParser(prog="diode", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"diode {installed_version()}",
                         help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("check", help="validate a topology and print the plan (exit 2: invalid)")
+    p = sub.add_parser("check", help="validate a topology, check what a launch of it needs on "
+                       "this host, and print the plan (exit 2: invalid, or a launch would fail)")
     p.add_argument("file")
     p.add_argument("--side", choices=("sender", "receiver", "both"), default="both",
-                   help="the side whose ${file:...}/${env:...} Kafka settings must be readable "
-                   "here (each host has its own side's secrets)")
+                   help="the side to check and show: its key, secrets and TLS files readable "
+                   "here, its journal directory writable, its ports free, its cluster asked "
+                   "(each host has its own side's)")
+    p.add_argument("--timeout", type=float, default=CLUSTER_TIMEOUT_SECONDS, metavar="SECONDS",
+                   help="how long each Kafka cluster has to answer, all asked at once "
+                   "(default %(default)g; one that does not is a warning)")
     p.add_argument("--record-bytes", type=int, default=1024, metavar="N",
                    help="record size for the receiver capacity measurement (default 1024)")
     p.add_argument("--no-measure", action="store_true",

@@ -107,6 +107,12 @@ def size_or_auto(lo, hi):
 SECRET_KAFKA_KEYS = ("sasl.password", "sasl.oauthbearer.client.secret", "ssl.key.password",
                      "ssl.keystore.password", "ssl.key.pem")
 REFERENCE = re.compile(r"\$\{(env|file):([^}]*)\}")
+# Kafka client settings that name a file librdkafka opens (relative to where the client runs):
+# `diode check` tries each (diode.runtime.preflight).
+FILE_KAFKA_KEYS = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location",
+                   "ssl.crl.location", "ssl.keystore.location", "sasl.kerberos.keytab",
+                   "https.ca.location", "sasl.oauthbearer.assertion.private.key.file",
+                   "sasl.oauthbearer.assertion.jwt.template.file")
 
 
 def kafka_value_problems(key: str, value) -> list[str]:
@@ -593,8 +599,21 @@ def load(path, cpu_count: int | None = None) -> Topology:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise TopologyError(path, [f"not valid YAML: {exc}"]) from None
+        raise TopologyError(path, [yaml_problem(exc)]) from None
+    if data is None:
+        raise TopologyError(path, ["empty: a topology is a mapping of settings"])
     return from_dict(data, path, cpu_count)
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error as one line: where (line and column, counted from 1) and what."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    what = getattr(exc, "problem", None) or str(exc)
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and start:
+        what += f" ({context} at line {start.line + 1}, column {start.column + 1})"
+    return f"{where}not valid YAML: {what}"
 
 
 def from_dict(data, path="<memory>", cpu_count: int | None = None) -> Topology:

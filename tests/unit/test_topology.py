@@ -255,7 +255,9 @@ def test_invalid_yaml_is_a_topology_error(tmp_path):
     with pytest.raises(TopologyError) as exc:
         topology.load(f)
     assert exc.value.path == str(f)
-    assert "not valid YAML" in exc.value.problems[0]
+    assert exc.value.problems == ["line 3, column 7: not valid YAML: expected ',' or ']', but "
+                                  "got ':' (while parsing a flow sequence at line 2, column 9)"]
+    assert str(exc.value).startswith(f"{f}: 1 error(s)")
 
 
 @pytest.mark.parametrize("make", ["missing", "directory"])
