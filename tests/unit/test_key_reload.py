@@ -85,3 +85,18 @@ def test_a_file_that_is_not_yaml_keeps_the_keys(receiver, tmp_path, caplog):
     sup._reload()
     assert sup.keys.read().keys() == {0: master(tmp_path, "old")}
     assert "not valid YAML" in caplog.text
+
+
+def test_a_sender_reloads_nothing_and_says_it_takes_a_key_at_its_start(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    (tmp_path / "old.password").write_text("old password\n")
+    path = tmp_path / "topology.yaml"
+    write(path)
+    sup = Supervisor(topology.load(path), ("sender",), str(tmp_path / "run"))
+    sup.secrets = load_secrets(sup.t)
+    sup.keys.write(sup.secrets)
+    write(path, **{"password.file": "new.password", "key.id": 1})
+    sup._reload()
+    assert sup.keys.read().keys() == {0: master(tmp_path, "old")}
+    assert "restart it (a clean stop loses nothing); nothing reloaded" in caplog.text
+    assert sup.status()["keys"] == {"current": 0, "accepted": None}
