@@ -5,7 +5,8 @@ worker's state, pid, CPUs and restarts, and the workers' metrics (textfiles, or 
 Prometheus endpoint when the textfiles are off), read twice a moment apart, give their rates.
 Per launch: the workers (state, pid, pinned CPUs and the CPU each last ran on, restarts,
 records/s, CPU %, and why one is in backoff, exited or fatal), the link (age of the sender's
-last heartbeat, sender sessions, datagrams the socket dropped and the receiver rejected), the
+last heartbeat, whether the sender said it stopped cleanly, sender sessions, datagrams the
+socket dropped and the receiver rejected), the key ids the receiver accepts, the
 destination (backlog, journal), the missing
 ranges reported in the last hour, the resend tickets (open, the oldest's age, closed and the mean
 time to repair), per source topic how far behind it the receiver is, what it
@@ -115,7 +116,9 @@ def launch_status(entry: dict, before: dict, after: dict, topology=None) -> dict
         "sides": entry["sides"], "run_dir": entry["run_dir"],
         "up_seconds": round(time.time() - entry["started"]),
         "workers": workers,
+        "keys": status.get("keys"),
         "link": {"heartbeat_age_seconds": min(heartbeat) if heartbeat else None,
+                 "sender_stopped": total("sender_stopped") > 0,
                  "sessions": int(max(sessions)) if sessions else None,
                  "socket_drops": int(total("socket_drops")),
                  "rejected": int(total("rejects", side="receiver")),
@@ -177,11 +180,17 @@ def render(s: dict) -> str:
         k = s["link"]
         age = "never" if k["heartbeat_age_seconds"] is None else \
             f"{k['heartbeat_age_seconds']:.1f} s ago"
-        lines.append(f"  link: last heartbeat {age}, {k['sessions'] or 0} sender session(s); "
+        stopped = "the sender stopped (clean stop), " if k.get("sender_stopped") else ""
+        lines.append(f"  link: {stopped}last heartbeat {age}, {k['sessions'] or 0} sender "
+                     f"session(s); "
                      f"{k['socket_drops']} datagrams dropped by the socket, {k['rejected']} "
                      f"rejected; {k['missing_records']} records reported missing in all "
                      f"({k['missing_ranges']} ranges), {k['expired_records']} of them expired "
                      f"at the source")
+        if s.get("keys"):
+            lines.append(f"  keys: the receiver accepts key id(s) "
+                         f"{', '.join(map(str, s['keys']['accepted']))} (current "
+                         f"{s['keys']['current']})")
         d = s["destination"]
         lines.append(f"  destination: {d['backlog_records']} records waiting for the cluster; "
                      f"journal {d['journal_bytes'] / 2 ** 20:.1f} MiB "

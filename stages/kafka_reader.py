@@ -50,6 +50,11 @@ BATCH_RECORDS = 1000
 MAX_DIGESTS_WAITING = 10000  # digests closed while the packers took nothing (then the oldest go)
 REFRESH_TAKE_SECONDS = 0.1  # how often the loop takes what the partition watcher found
 RESEND_SEEK_GAP = 10000  # offsets between two resend ranges worth a seek rather than a read
+# A clean stop says so: after its last records, the reader sends this many heartbeats marked
+# stopping (wire.FLAG_STOPPING), this far apart (UDP may drop one), so the receiver logs that
+# the sender stopped instead of warning of a silent link.
+STOPPING_BEATS = 3
+STOPPING_BEAT_SECONDS = 0.1
 
 
 class Stage(BaseStage):
@@ -75,6 +80,7 @@ class Stage(BaseStage):
         self.chain_start: dict = {}
         self.last_read: dict = {}
         self.next_heartbeat = 0.0
+        self.stopping_beats = None  # stopping: the heartbeats marked stopping sent so far
         # `diode resend`: exactly these ranges of this reader's partitions, no commits
         self.resend = None
         self.resend_pos: dict = {}  # (topic, partition) -> last offset looked at
@@ -551,11 +557,12 @@ class Stage(BaseStage):
         self.out.put([transport.dumps(("digests", batch))])
         self.metrics.inc("digests", len(batch["partitions"]))
 
-    def _heartbeat(self):
+    def _heartbeat(self, stopping: bool = False) -> bool:
         """Per partition of the current chains: its incarnation, where the chain started, the
         last offset handed to the kernel (the committed prefix) and the last the source held
         when last looked at; then the retired claims of incarnations gone this last day. The
-        packer that takes it sends it after whatever it holds."""
+        packer that takes it sends it after whatever it holds. `stopping`: the reader is
+        stopping cleanly (sent after its last records). True when it was handed on."""
         positions = self.tracker.positions()
         ends = self.lineage.ends
         parts = [[t, p, self.lineage.incarnation(t), start, positions[(t, p)] - 1,
@@ -568,13 +575,16 @@ class Stage(BaseStage):
                 "cluster": self.lineage.cluster,
                 "counters": {"records": self.metrics.get("records"),
                              "rewinds": self.metrics.get("rewinds"),
-                             "inflight": self.tracker.inflight}}
-        if not self.out.full:
+                             "inflight": self.tracker.inflight},
+                "stopping": stopping}
+        sent = not self.out.full
+        if sent:
             self.out.put([transport.dumps(("heartbeat", beat))])
             self.metrics.inc("heartbeats")
         if self.digester is not None:
             self._send_digests(time.monotonic())
         self._memorize()
+        return sent
 
     def _take_acks(self):
         progressed = False
@@ -640,20 +650,32 @@ class Stage(BaseStage):
             self.tracker.retry(failed)
 
     def _drain_step(self, now):
-        """Read nothing more; wait for what is in flight to be sent, commit, finish."""
+        """Read nothing more; wait for what is in flight to be sent, commit, say so in
+        STOPPING_BEATS heartbeats marked stopping (after the last records), finish."""
         if self.stop_deadline is None:
             self.stop_deadline = now + self.t.supervisor.drain_timeout_seconds * 0.75
             if self.digester is not None:  # (what was read is sent before the packers stop)
                 self._send_digests(float("inf"))
-        self.out.flush()
+        flushed = self.out.flush()
         if self.tracker.inflight and now < self.stop_deadline:
             self.acks.poll(20)
             return True
-        if self.tracker.inflight:
-            self.log.warning("stopping with %d record(s) not acknowledged as sent: they are "
-                             "read again at the next start", self.tracker.inflight)
-        self._commit(sync=True)
-        return False
+        if self.stopping_beats is None:  # (once: what was sent is committed)
+            if self.tracker.inflight:
+                self.log.warning("stopping with %d record(s) not acknowledged as sent: they are "
+                                 "read again at the next start", self.tracker.inflight)
+            self._commit(sync=True)
+            self.stopping_beats, self.next_heartbeat = 0, now
+            self.stop_deadline = max(self.stop_deadline, now + 1.0)
+        if now >= self.stop_deadline or self.resend is not None:
+            return False
+        if now < self.next_heartbeat or not flushed:
+            time.sleep(0.01)  # (the last one too has a moment to reach its packer)
+            return True
+        if self.stopping_beats < STOPPING_BEATS and self._heartbeat(stopping=True):
+            self.stopping_beats += 1
+            self.next_heartbeat = now + STOPPING_BEAT_SECONDS
+        return self.stopping_beats < STOPPING_BEATS or now < self.next_heartbeat
 
     def close(self):
         if self.watcher is not None:

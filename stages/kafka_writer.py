@@ -14,8 +14,9 @@ order, duplicates are dropped, and missing ranges (from the chain of offsets and
 heartbeats) are logged, counted and written to receiver.missing.records.topic. A newer
 incarnation (the source topic recreated, the source cluster rebuilt) starts afresh, and what the
 older one leaves open is reported as "source-reset". Writer 0 also watches the sender's
-heartbeats: a silent link is reported, and each heartbeat can be recorded in
-receiver.heartbeat.topic.
+heartbeats: a silent link is reported, unless the sender's readers said in their last
+heartbeats that they stopped cleanly (wire.FLAG_STOPPING: logged once, as is the sender's return),
+and each heartbeat can be recorded in receiver.heartbeat.topic.
 
 Records arrive as runs (diode.link.runs) and are decoded here, column by column; the produce call
 per record is the only per-record object work. Delivery reports come for errors only
@@ -174,6 +175,10 @@ class Stage(BaseStage):
         self.fills: dict = {}  # (topic, partition, incarnation) -> offsets filled late, this step
         self.beat_interval = 1.0
         self.link_silent = False
+        # the sender's readers: index -> (reader's clock, stopping) of its newest heartbeat;
+        # the sender stopped cleanly when every one said it stops (writer 0)
+        self.readers_stopping: dict = {}
+        self.sender_stopped = False
         self.next_expire = 0.0
         # The reader's clock and journal position, per unpacker, from its marks: trusted once
         # the replay this start asked for has begun there (see stages.udp_reader).
@@ -710,7 +715,7 @@ class Stage(BaseStage):
         if self.last_beat is not None:
             self.metrics.set("link_heartbeat_age_seconds", round(clock - self.last_beat, 3))
         if self.last_beat is not None and not self.link_silent and not self.stopping and \
-                clock - self.last_beat > 3 * self.beat_interval:
+                not self.sender_stopped and clock - self.last_beat > 3 * self.beat_interval:
             self.link_silent = True
             self.metrics.set("link_silent", 1)
             self.log.warning("no heartbeat from the sender for %.0f s: the link, the sender or "
@@ -908,6 +913,7 @@ class Stage(BaseStage):
         self.last_beat = max(seen, self.last_beat or seen)
         self.beat_interval = beat["interval_ms"] / 1000
         self.metrics.inc("heartbeats")
+        self._sender_stopping(beat, seen)
         if self.r.heartbeat_topic and len(self.event_queue) < MAX_EVENTS // 2:
             # (liveness, not data: dropped rather than holding input while events are behind)
             self.event_queue.append((self.r.heartbeat_topic, beat["session"].encode(), json.dumps({
@@ -920,6 +926,28 @@ class Stage(BaseStage):
                               "retired": retired}
                              for t, p, inc, start, last, end, retired in beat["partitions"]]
             }).encode(), None))
+
+    def _sender_stopping(self, beat: dict, seen: float) -> None:
+        """A clean stop of the sender (each of its readers' newest heartbeats marked stopping)
+        is logged once, and no silent link is reported while it stays stopped; a heartbeat not
+        so marked after it says the sender is back. A sender killed, or a link cut, sends no
+        such heartbeat: the silence is reported."""
+        reader = beat.get("reader")
+        if seen >= self.readers_stopping.get(reader, (seen, False))[0]:
+            self.readers_stopping[reader] = (seen, bool(beat.get("stopping")))
+        stopped = all(stopping for _, stopping in self.readers_stopping.values())
+        if stopped == self.sender_stopped:
+            return
+        self.sender_stopped = stopped
+        self.metrics.set("sender_stopped", int(stopped))
+        if stopped:
+            at = time.strftime("%Y-%m-%d %H:%M:%S UTC",
+                               time.gmtime(beat.get("time_ms", 0) / 1000))
+            self.log.info("the sender stopped (clean stop) at %s, by its clock: its readers' "
+                          "last heartbeats said so; its silence is not reported while it stays "
+                          "stopped", at)
+        else:
+            self.log.info("the sender is back: heartbeats again after its clean stop")
 
     def _produce_events(self) -> None:
         """Hand queued events to their producer, in order, as far as it takes them now."""

@@ -170,8 +170,9 @@ class Stage(BaseStage):
         """Seal a reader's heartbeat after the records this packer holds, split over as many
         datagrams as its partitions need."""
         self._emit(*self.builder.flush())
+        flags = wire.FLAG_STOPPING if beat.get("stopping") else 0  # (the reader stops cleanly)
         datagrams = [self.sealer.seal(wire.encode_heartbeat({**beat, "partitions": c}),
-                                      wire.KIND_HEARTBEAT)
+                                      wire.KIND_HEARTBEAT, flags=flags)
                      for c in self._chunks(beat["partitions"], beat.get("cluster", ""))]
         self._put(datagrams, [[] for _ in datagrams])
         self.metrics.inc("heartbeat_datagrams", len(datagrams))

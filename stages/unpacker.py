@@ -1,6 +1,7 @@
 """unpacker: verifies, decrypts and decompresses datagrams, and forwards their runs.
 
-Nothing in a datagram is trusted before its AEAD tag verifies over the header and the payload;
+Nothing in a datagram is trusted before its AEAD tag verifies over the header and the payload
+(the keyring holds the current key and, during a rotation, the next; rebuilt on a reload);
 a datagram of a session is accepted once (diode.link.replay.ReplayWindow).
 A datagram that fails any step is counted by reason (diode_rejects_total) and dropped: it never
 stops the process and never yields a record. Each run (diode.link.runs) goes, undecoded, to the
@@ -37,8 +38,7 @@ class Stage(BaseStage):
         self.input = transport.pull(ctx.zmq, ctx.bound("in"), ctx.hwm)
         self.outs = [self.outbox(transport.push(ctx.zmq, [e], ctx.hwm))
                      for e in ctx.peers("out")]
-        sec = ctx.secrets
-        self.keyring = Keyring(sec.cipher_id, sec.master_key, sec.keys(), sec.key_id)
+        self.keyring = self._keyring()
         self.replay = ReplayWindow()
         # sender sessions seen in this and the previous SESSION_WINDOW seconds
         self.sessions = (set(), set())
@@ -57,6 +57,16 @@ class Stage(BaseStage):
         self.trusted = ctx.incarnation == 1
         self.asking = request_replay(ctx, self.started) if not self.trusted else None
         self.ask_again = self.started + ASK_AGAIN_SECONDS
+
+    def _keyring(self) -> Keyring:
+        sec = self.ctx.secrets
+        return Keyring(sec.cipher_id, sec.master_key, sec.keys(), sec.key_id)
+
+    def reload(self):
+        """The supervisor reloaded the keys (SIGHUP, a rotation's step): datagrams of a key id
+        no longer held are rejected from now on (unknown_key)."""
+        self.keyring = self._keyring()
+        self.log.info("keyring rebuilt: accepting %s", self.ctx.secrets.describe())
 
     def step(self):
         now = time.monotonic()
@@ -239,4 +249,5 @@ class Stage(BaseStage):
         if not replayed:
             beat["session"] = f"{h.session_id:016x}"
             beat["seen"] = seen
+            beat["stopping"] = bool(h.flags & wire.FLAG_STOPPING)
             msgs[0][3].append(beat)

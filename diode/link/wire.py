@@ -29,6 +29,7 @@ KIND_METADATA = 7  # the source topics' partition counts and configs, groups' co
 KINDS = (KIND_DATA, KIND_HEARTBEAT, KIND_FRAGMENT, KIND_PARITY, KIND_SOURCE, KIND_DIGEST,
          KIND_METADATA)
 FLAG_FEC = 1  # a data or fragment datagram covered by parity datagrams of its block
+FLAG_STOPPING = 2  # a heartbeat sent as its reader stops cleanly (after its last records)
 
 HEADER = struct.Struct("!2sBBBBBBQQI")
 HEADER_BYTES = HEADER.size  # 28

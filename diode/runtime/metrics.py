@@ -204,6 +204,9 @@ CATALOG = {
     "reorder_wait_widened": Metric("counter", ("kafka_writer",), "Times a late fill widened a "
                                    "partition's reorder wait"),
     "link_silent": Metric("gauge", ("kafka_writer",), "1 while no heartbeat comes"),
+    "sender_stopped": Metric("gauge", ("kafka_writer",), "1 while the sender is stopped "
+                             "cleanly (its last heartbeats said so: no silent link is "
+                             "reported)"),
     "link_heartbeat_age_seconds": Metric("gauge", ("kafka_writer",), "Since the sender's last "
                                          "heartbeat, on the receiver's clock (writer 0)"),
     "end_to_end_latency_seconds": Metric("histogram", ("kafka_writer",), "Source timestamp to "

@@ -11,8 +11,15 @@ restarted after restart.backoff.*). More than restart.max exits of either kind w
 restart.window.seconds is FATAL too. A FATAL worker stops the launch: the supervisor drains
 every stage and exits 1, naming the worker and why. Every state change goes through `Worker.to`,
 which refuses an edge missing from TRANSITIONS (a bug, raised).
+
+SIGHUP reloads the receiver's keys without a restart (a key rotation, docs/operations.md): the
+supervisor reads the topology file again and, if it is valid and its keys can be read, takes its
+`security` section, puts the keys where its workers read them (worker.KeySlot) and signals the
+unpackers, which rebuild their keyring; otherwise it logs why and keeps the keys it has. The
+sender seals with the key it started with until it is restarted (a clean stop loses nothing).
 """
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -32,6 +39,7 @@ from diode.runtime import exporter, launches, statedir, worker
 from diode.kafka import brokers as embedded
 from diode.kafka.clients import client_settings
 from diode.errors import DiodeError
+from diode.runtime import topology as topo
 from diode.runtime.topology import PIPELINES, SIDES, Topology
 from diode.runtime.wiring import WorkerSpec, plan
 
@@ -143,6 +151,7 @@ class Supervisor:
         self.heartbeats = worker.Heartbeats(len(specs))
         self.brokers = [self._broker(b) for b in topology.brokers if b.side in self.sides]
         self.secrets: worker.Secrets | None = None
+        self.keys = worker.KeySlot()  # what the workers read of self.secrets (made before forks)
         self.inherited: dict = {}  # stage type -> what its prepare() made (outlives workers)
         self._signals: deque = deque()
         self._next_status = 0.0
@@ -167,12 +176,15 @@ class Supervisor:
     def run(self) -> int:
         """Start everything, watch until SIGTERM/SIGINT (exit 0) or a FATAL worker (exit 1)."""
         setproctitle.setproctitle(f"diode: supervisor {'+'.join(self.sides)} ({self.t.path})")
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         code = 0
         registered = launches.register(self.t.path, self.t.name, self.sides, self.run_dir)
         try:
             self.secrets = load_secrets(self.t)
+            self.keys.write(self.secrets)
+            if "receiver" in self.sides:
+                log.info("the receiver accepts %s", self.secrets.describe())
             for side in self.sides:  # a Kafka secret that cannot be read: say so now, once
                 client_settings(self.t, side)
             if "sender" in self.sides and (fragmented := link_path.fragmentation(self.t.link)):
@@ -210,8 +222,12 @@ class Supervisor:
 
     def _watch(self) -> int:
         while True:
-            if self._signals:
-                log.info("%s: draining", signal.Signals(self._signals.popleft()).name)
+            while self._signals:
+                signum = self._signals.popleft()
+                if signum == signal.SIGHUP:
+                    self._reload()
+                    continue
+                log.info("%s: draining", signal.Signals(signum).name)
                 return 0
             self._reap()
             self._notice_opened()
@@ -244,6 +260,37 @@ class Supervisor:
                                     side, proc.returncode)
                         self._start_exporter(side)
             time.sleep(0.05)
+
+    def _reload(self) -> None:
+        """SIGHUP: the receiver's keys from the topology file's `security` section, as it is
+        now; a file that is not valid, or keys that cannot be read, change nothing."""
+        if "receiver" not in self.sides:
+            log.info("SIGHUP: the sender takes a new key when it starts: restart it (a clean "
+                     "stop loses nothing); nothing reloaded")
+            return
+        try:
+            security = topo.load(self.t.path).security
+            if security.cipher != self.t.security.cipher:
+                raise DiodeError(f"security.cipher changed from {self.t.security.cipher} to "
+                                 f"{security.cipher}: a restart applies that")
+            t = dataclasses.replace(self.t, security=security)
+            secrets = load_secrets(t)
+        except DiodeError as exc:
+            log.error("SIGHUP: keys not reloaded, the receiver still accepts %s: %s",
+                      self.secrets.describe(), exc)
+            return
+        except Exception:  # (whatever else: reported, and the launch goes on as it was)
+            log.exception("SIGHUP: keys not reloaded, the receiver still accepts %s",
+                          self.secrets.describe())
+            return
+        self.t, self.secrets = t, secrets
+        self.keys.write(secrets)
+        told = [w for w in self.workers if w.spec.side == "receiver" and
+                w.spec.stage == "unpacker" and w.state in (State.STARTING, State.RUNNING)]
+        for w in told:
+            _signal(w.pid, signal.SIGHUP)
+        log.info("SIGHUP: keys reloaded from %s (only its security section; the rest applies "
+                 "at the next start): the receiver accepts %s", self.t.path, secrets.describe())
 
     def _start_exporter(self, side: str, timeout: float = 10.0) -> None:
         """The side's Prometheus endpoint (metrics.listen), a process of its own serving what
@@ -280,8 +327,12 @@ class Supervisor:
     def status(self) -> dict:
         """What `diode tune --live` (and an operator) reads of this launch: every worker's
         state, pid, CPUs and restarts."""
+        keys = self.secrets
         return {"pid": os.getpid(), "topology": self.t.path, "name": self.t.name,
                 "sides": list(self.sides),
+                "keys": None if keys is None or not keys.cipher_id else
+                {"current": keys.key_id,
+                 "accepted": sorted(keys.keys()) if "receiver" in self.sides else None},
                 "workers": [{"name": w.spec.name, "side": w.spec.side, "stage": w.spec.stage,
                              "index": w.spec.index, "state": w.state.value, "pid": w.pid,
                              "cpus": list(w.spec.cpus), "restarts": max(0, w.starts - 1),
@@ -295,7 +346,7 @@ class Supervisor:
         parent = os.getpid()
         pid = os.fork()
         if pid == 0:
-            worker.run(w.spec, self.t, self.run_dir, self.secrets, self.heartbeats, w.slot,
+            worker.run(w.spec, self.t, self.run_dir, self.keys, self.heartbeats, w.slot,
                        parent, self.inherited, w.starts)  # never returns
         w.pid = pid
         w.to(State.STARTING, f"pid {pid}")  # STOPPED, BACKOFF or EXITED -> STARTING

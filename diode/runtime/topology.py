@@ -220,7 +220,8 @@ class SecuritySettings:
                                       "receiver accepts the current and the next key. Rotate: "
                                       "give the receiver the next key, then switch the sender "
                                       "(its current key becomes the old next), then drop the "
-                                      "old key from the receiver.")
+                                      "old key from the receiver; the receiver reloads its keys "
+                                      "on SIGHUP (docs/operations.md, \"Key rotation\").")
     next_password_env: str = setting("", "The next key's password from an environment variable.")
     next_key_file: str = setting("", "The next key as a raw 32-byte key file.")
     allow_plaintext: bool = setting(False, "Must be true for cipher none. Datagrams are then "

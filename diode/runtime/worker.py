@@ -13,6 +13,7 @@ import logging
 import mmap
 import os
 import signal
+import struct
 import sys
 import time
 import traceback
@@ -60,6 +61,48 @@ class Secrets:
             keys[self.next_key_id] = self.next_key
         return keys
 
+    def describe(self) -> str:
+        """The key ids, never a key: what a log line may say."""
+        if not self.cipher_id:
+            return "no key (cipher none)"
+        if self.next_key is None:
+            return f"key id {self.key_id}"
+        return f"key ids {self.key_id} (current) and {self.next_key_id} (next)"
+
+
+class KeySlot:
+    """The supervisor's Secrets as its workers can read them after a reload (SIGHUP): a shared
+    anonymous mmap made before forking, as Heartbeats. The supervisor writes (one writer);
+    a worker reads it when the supervisor signals it. A generation count, odd while a write
+    is under way and read before and after, makes a reader never take half of a write."""
+
+    LAYOUT = struct.Struct("=QBBBB32s32s")  # generation, cipher, key id, has next, next id, keys
+
+    def __init__(self, secrets: Secrets | None = None):
+        self.mem = mmap.mmap(-1, self.LAYOUT.size)
+        self.generation = 0
+        if secrets is not None:
+            self.write(secrets)
+
+    def write(self, s: Secrets) -> None:
+        self.generation += 1  # odd: a write under way
+        self.mem[:8] = struct.pack("=Q", self.generation)
+        self.mem[8:] = self.LAYOUT.pack(0, s.cipher_id, s.key_id, s.next_key is not None,
+                                        s.next_key_id, s.master_key or b"",
+                                        s.next_key or b"")[8:]
+        self.generation += 1
+        self.mem[:8] = struct.pack("=Q", self.generation)
+
+    def read(self) -> Secrets:
+        while True:
+            before = struct.unpack_from("=Q", self.mem)[0]
+            _, cipher_id, key_id, has_next, next_id, master, following = \
+                self.LAYOUT.unpack(self.mem[:])
+            if before % 2 == 0 and struct.unpack_from("=Q", self.mem)[0] == before:
+                return Secrets(cipher_id, master if cipher_id else None, key_id,
+                               following if has_next else None, next_id)
+            time.sleep(0.001)
+
 
 @dataclass
 class StageContext:
@@ -98,6 +141,7 @@ class Stage:
     - `step()` does one bounded piece of work (it never blocks for more than ~100 ms) and
       returns False once the stage has finished draining after `stop()`;
     - `stop()` only asks; `rewind()` is called when a worker downstream died (SIGUSR1);
+      `reload()` when the supervisor has reloaded the keys (SIGHUP: ctx.secrets holds them);
     - `close()` releases what `open()` made;
     - `prepare(topology, log)`, a classmethod, runs in the supervisor before any fork and
       returns what must outlive a worker of the stage (the receiver's UDP socket): it reaches
@@ -147,6 +191,9 @@ class Stage:
         self.stopping = True
 
     def rewind(self) -> None:
+        pass
+
+    def reload(self) -> None:
         pass
 
     def drained(self, idle: bool) -> bool:
@@ -207,11 +254,12 @@ def _die_with_parent() -> None:
         pass
 
 
-def run(spec: WorkerSpec, topology: Topology, run_dir: str, secrets: Secrets,
+def run(spec: WorkerSpec, topology: Topology, run_dir: str, secrets: KeySlot,
         heartbeats: Heartbeats, slot: int, parent_pid: int, inherited: dict,
         incarnation: int = 1) -> None:
     """Child process entry point. Never returns. `inherited`: per stage type, what its
-    `prepare` made; this worker keeps its own stage's and closes the rest."""
+    `prepare` made; this worker keeps its own stage's and closes the rest. `secrets`: the
+    supervisor's keys, read again on SIGHUP."""
     code = 1
     try:
         mine = {}
@@ -266,7 +314,7 @@ def start_failure(run_dir: str, spec: WorkerSpec) -> str:
 
 def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherited,
          incarnation) -> int:
-    flags = {"stop": False, "rewind": False}
+    flags = {"stop": False, "rewind": False, "reload": False}
 
     def on_stop(signum, frame):
         flags["stop"] = True
@@ -274,12 +322,16 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherit
     def on_rewind(signum, frame):
         flags["rewind"] = True
 
+    def on_reload(signum, frame):
+        flags["reload"] = True
+
     signal.signal(signal.SIGTERM, on_stop)
     # A crash in a C extension (librdkafka, zfec) leaves its Python stacks in the log.
     faulthandler.enable(all_threads=True)
     # Ctrl-C reaches the whole process group; the supervisor drains the stages in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, on_rewind)
+    signal.signal(signal.SIGHUP, on_reload)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     _die_with_parent()
     if os.getppid() != parent_pid:
@@ -295,8 +347,9 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherit
                       if topology.supervisor.metrics_textfile else None,
                       prometheus_dir=prometheus_dir(run_dir, spec.side) if exported else None)
     ctx = zmq.Context()
-    stage = stage_class(spec.stage)(StageContext(topology, spec, run_dir, secrets, ctx, metrics,
-                                                 incarnation, inherited))
+    context = StageContext(topology, spec, run_dir, secrets.read(), ctx, metrics, incarnation,
+                           inherited)
+    stage = stage_class(spec.stage)(context)
     proc = psutil.Process()
     try:
         stage.open()  # on failure the process exits: what it opened goes with it
@@ -319,6 +372,10 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherit
             if flags["rewind"]:
                 flags["rewind"] = False
                 stage.rewind()
+            if flags["reload"]:
+                flags["reload"] = False
+                context.secrets = secrets.read()
+                stage.reload()
             began = time.monotonic()
             if not stage.step():
                 break

@@ -148,13 +148,43 @@ def test_captured_datagrams_replayed_truncated_or_flipped_write_nothing(link):
     assert lk.receiver.metric("rejects", "unpacker", reason="replayed") >= len(captured)
     assert lk.receiver.metric("rejects", "unpacker") > rejected_before
     assert {n: p.pid for n, p in lk.receiver.workers().items()} == pids  # no worker died
-    # the sender is gone: three heartbeat intervals later the receiver says so
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and "no heartbeat from the sender" not in \
-            lk.receiver.output():
-        time.sleep(0.2)
-    assert "no heartbeat from the sender" in lk.receiver.output()
-    assert lk.receiver.metric("link_silent", "kafka_writer") == 1
+    # the sender stopped cleanly and said so: the receiver does not take it for a silent link
+    # (the replayed heartbeats, rejected, did not say otherwise)
+    assert "the sender stopped (clean stop)" in lk.receiver.output()
+    quiet_for(lk, 2.0)  # (the heartbeat interval is 0.3 s)
+    assert "no heartbeat from the sender" not in lk.receiver.output()
+    assert lk.receiver.metric("link_silent", "kafka_writer") == 0
+    assert lk.receiver.metric("sender_stopped", "kafka_writer") == 1
+
+
+def quiet_for(lk, seconds: float) -> None:
+    """Until the receiver has heard no heartbeat for `seconds` (on its clock)."""
+    wait_for(lambda: lk.receiver.metric("link_heartbeat_age_seconds", "kafka_writer") >= seconds,
+             seconds + 10, f"{seconds} s without a heartbeat")
+
+
+def test_a_cut_link_is_reported_silent_and_a_clean_stop_is_reported_as_one(link):
+    """The link cut (every datagram dropped): the receiver warns that the link, the sender or
+    its source is down. Mended, then the sender stopped (SIGTERM): the receiver logs that the
+    sender stopped cleanly, and no warning more however long it stays stopped."""
+    lk = link(Faults(FaultSettings()))
+    create_topic(lk.src.bootstrap, "src", 1)
+    produce(lk.src.bootstrap, "src", [{"value": b"r %d" % i} for i in range(100)])
+    assert len(consume(lk.dst.bootstrap, "dst_src", 100, timeout=30)) == 100
+    warning = "no heartbeat from the sender"
+    lk.sim.faults.s = FaultSettings(loss=1.0)  # the cut
+    wait_for(lambda: warning in lk.receiver.output(), 15, "the silent link's warning")
+    assert lk.receiver.metric("sender_stopped", "kafka_writer") == 0
+    lk.sim.faults.s = FaultSettings()
+    wait_for(lambda: "heartbeats again" in lk.receiver.output(), 15, "heartbeats again")
+    assert lk.sender.stop() == 0
+    wait_for(lambda: "the sender stopped (clean stop)" in lk.receiver.output(), 15,
+             "the clean stop logged")
+    quiet_for(lk, 3.0)
+    out = lk.receiver.output()
+    assert out.count(warning) == 1, out[-3000:]
+    assert out.count("the sender stopped (clean stop)") == 1, out[-3000:]
+    assert lk.receiver.metric("link_silent", "kafka_writer") == 0
 
 
 def delivered(lk, total, partitions, timeout=60):

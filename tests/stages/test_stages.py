@@ -293,6 +293,74 @@ def test_packer_seals_a_readers_heartbeat_after_what_it_holds(zctx):
     assert beats[0]["cluster"] == "c"
 
 
+def test_a_stopping_readers_heartbeat_crosses_marked_stopping(zctx):
+    """A reader's last heartbeats, as it stops cleanly, are marked stopping in their header
+    (authenticated): the unpacker hands the writers the beat with that mark, and a beat not so
+    marked without it."""
+    p, feed, out = packer_wired(zctx)
+    beat = {"reader": 0, "time_ms": 1, "interval_ms": 1000, "partitions": [],
+            "cluster": "c", "counters": {}}
+    feed.send_multipart([transport.dumps(("heartbeat", beat))])
+    feed.send_multipart([transport.dumps(("heartbeat", {**beat, "stopping": True}))])
+    sealed: list = []
+    deadline = time.monotonic() + 5
+    while len(sealed) < 2 and time.monotonic() < deadline:
+        sealed += [dg for dg, _ in packer_step(p, out)]
+    keyring = crypto.Keyring(1, MASTER)
+    assert [wire.unseal(d, keyring)[0].flags for d in sealed] == [0, wire.FLAG_STOPPING]
+    u, writers, unpacker_feed = unpacker_with_writers(zctx, 1)
+    unpacker_feed.send_multipart(datagrams_message(*map(bytes, sealed)))
+    run_until(u, lambda: u.metrics.get("heartbeats") == 2)
+    beats = [b for _, _, bs in writer_messages(writers[0]) for b in bs]
+    assert [b["stopping"] for b in beats] == [False, True]
+    u.close()
+
+
+def test_writer_reports_a_clean_stop_once_and_a_silence_after_the_sender_came_back(
+        zctx, caplog):
+    """Writer 0 takes the sender for stopped once every reader's newest heartbeat says so:
+    logged once, and no silent link is reported however long it stays stopped; a heartbeat
+    not so marked says it is back, and a silence after that is reported."""
+    caplog.set_level("INFO")
+    w = make_stage(zctx, topology(unpacker=1, kafka_writer=1), "receiver", "kafka_writer")
+    feed = source(zctx, "receiver", "kafka_writer", 0)
+
+    seen = {"beats": 0, "last": None}  # heartbeats taken so far, the newest's clock
+
+    def beats(clock, *stopping):
+        sent = [{"reader": r, "time_ms": 1764111600000, "interval_ms": 1000,
+                 "partitions": [], "cluster": "c", "counters": {}, "session": "01",
+                 "seen": clock, "stopping": s} for r, s in enumerate(stopping)]
+        feed.send_multipart([transport.dumps((0, [], [], sent, (0, clock), [], [], [])), b""])
+        seen["beats"] += len(sent)
+        seen["last"] = clock
+        run_until(w, lambda: w.metrics.get("heartbeats") >= seen["beats"])
+
+    def quiet_until(clock):
+        """The reader's clock (its marks) moves on to `clock` with no heartbeat."""
+        feed.send_multipart([transport.dumps((0, [], [], [], (0, clock), [], [], [])), b""])
+        run_until(w, lambda: w.metrics.get("link_heartbeat_age_seconds") >=
+                  clock - seen["last"])
+
+    beats(100.0, False, False)
+    beats(101.0, True, False)  # (reader 1 still reads)
+    assert w.metrics.get("sender_stopped") == 0
+    beats(101.5, True, True)
+    assert w.metrics.get("sender_stopped") == 1
+    quiet_until(200.0)  # long past three heartbeat intervals
+    assert w.metrics.get("link_silent") == 0
+    beats(201.0, False, False)
+    assert w.metrics.get("sender_stopped") == 0
+    quiet_until(300.0)
+    assert w.metrics.get("link_silent") == 1
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("the sender stopped (clean stop) at 2025-11-25 23:00:00 UTC" in m
+               for m in said) == 1, said
+    assert sum("the sender is back" in m for m in said) == 1, said
+    assert sum("no heartbeat from the sender for 99 s" in m for m in said) == 1, said
+    w.close()
+
+
 def test_udp_sender_keeps_acknowledgements_until_its_reader_is_there(zctx, tmp_path):
     """At start the udp_sender may send before its reader's acknowledgement socket exists (ipc,
     as launched). The acknowledgements wait for it: dropped, they would stall the reader until
