@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="validate a topology, check what a launch of it needs on "
                        "this host, and print the plan (exit 2: invalid, or a launch would fail)")
-    p.add_argument("file")
+    p.add_argument("file", help="the topology file (YAML)")
     p.add_argument("--side", choices=("sender", "receiver", "both"), default="both",
                    help="the side to check and show: its key, secrets and TLS files readable "
                    "here, its journal directory writable, its ports free, its cluster asked "
@@ -254,8 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("launch", help="run a topology: brokers, supervisor and workers")
-    p.add_argument("file")
-    p.add_argument("--side", choices=("sender", "receiver", "both"), default="both")
+    p.add_argument("file", help="the topology file (YAML)")
+    p.add_argument("--side", choices=("sender", "receiver", "both"), default="both",
+                   help="the side to run on this host (default both, on one host)")
     p.add_argument("--run-dir", help="directory for ipc endpoints and metrics")
     p.add_argument("--broker-kind", choices=("kafka", "tansu"),
                    help="start the file's embedded brokers as this kind (brokers[].kind)")
@@ -271,7 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("manifest", help="JSON: {\"missing\": [{\"topic\", \"partition\", "
                    "\"topicId\", \"ranges\", \"tickets\"}, …], \"auth\": …} signed with the "
                    "link's key (docs/verification.md)")
-    p.add_argument("--topology", required=True)
+    p.add_argument("--topology", required=True,
+                   help="the sender's topology file (its pipeline sends, its key checks "
+                   "the manifest)")
     p.add_argument("--run-dir", help="directory for ipc endpoints and metrics")
     p.set_defaults(func=cmd_resend)
 
@@ -281,19 +284,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_docs)
 
     p = sub.add_parser("produce", help="produce lines (arguments or stdin) as records")
-    p.add_argument("--bootstrap", required=True)
-    p.add_argument("--topic", required=True)
-    p.add_argument("--key")
+    p.add_argument("--bootstrap", required=True, help="the cluster's bootstrap servers")
+    p.add_argument("--topic", required=True, help="the topic to produce to")
+    p.add_argument("--key", help="the key of every record (default none)")
     p.add_argument("--partitions", type=int, default=0,
                    help="create the topic with this many partitions if it does not exist")
-    p.add_argument("values", nargs="*")
+    p.add_argument("values", nargs="*",
+                   help="the records' values, one a record (default: stdin, one a line)")
     p.set_defaults(func=cmd_produce)
 
     p = sub.add_parser("consume", help="print a topic's records and headers")
-    p.add_argument("--bootstrap", required=True)
-    p.add_argument("--topic", required=True)
+    p.add_argument("--bootstrap", required=True, help="the cluster's bootstrap servers")
+    p.add_argument("--topic", required=True, help="the topic to read from its beginning")
     p.add_argument("--count", type=int, default=0, help="stop after this many (exit 1 if fewer)")
-    p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--timeout", type=float, default=30.0,
+                   help="seconds to read for at most (default 30)")
     p.set_defaults(func=cmd_consume)
 
     from diode.link import linksim

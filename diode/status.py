@@ -4,14 +4,17 @@ Each launch registers itself (diode.runtime.launches); its supervisor's status f
 worker's state, pid, CPUs and restarts, and the workers' metrics (textfiles, or the side's
 Prometheus endpoint when the textfiles are off), read twice a moment apart, give their rates.
 Per launch: the workers (state, pid, pinned CPUs and the CPU each last ran on, restarts,
-records/s, CPU %, and why one is in backoff, exited or fatal), the link (age of the sender's
+records/s or datagrams/s, bytes/s, CPU % of one core, and why one is in backoff, exited or
+fatal), per side the records it counted since its workers started and a second (read and sent
+on the sender, received and written on the receiver), the link (age of the sender's
 last heartbeat, whether the sender said it stopped cleanly, sender sessions, datagrams the
 socket dropped and the receiver rejected), the key ids the receiver accepts, the
 destination (backlog, journal), the missing
 ranges reported in the last hour, the resend tickets (open, the oldest's age, closed and the mean
 time to repair), per source topic how far behind it the receiver is, what it
 still holds and the missing records at risk, and per source partition the incarnations (topic
-ids) the receiver holds state for, as of its writers' last checkpoints. Exit 1 when nothing runs.
+ids) the receiver holds state for, as of its writers' last checkpoints. Exit 1 when nothing runs
+(`--json` prints `[]` then, so a script reads one shape either way).
 """
 
 import json
@@ -26,6 +29,11 @@ from diode.runtime.metrics import read_counter
 
 RATE_OF = {"kafka_reader": "records", "packer": "datagrams", "udp_sender": "datagrams",
            "udp_reader": "datagrams", "unpacker": "records", "kafka_writer": "records"}
+BYTES_OF = ("packer", "udp_sender", "udp_reader")  # the stages that count datagram bytes
+# Per side, what its records are counted as (cumulative, since each worker started) and by
+# which stage: read and sent on the sender, received and written on the receiver.
+COUNTED = {"sender": (("read", "kafka_reader"), ("sent", "udp_sender")),
+           "receiver": (("received", "unpacker"), ("written", "kafka_writer"))}
 
 
 def _texts(entry: dict, topology) -> list[str]:
@@ -78,7 +86,35 @@ def per_topic(texts, name: str, label: str = "topic") -> dict:
 def snapshot(entry: dict, topology=None) -> dict:
     texts = _texts(entry, topology)
     return {"t": time.monotonic(), "texts": texts,
-            **{m: _per_worker(texts, m) for m in ("records", "datagrams", "cpu_seconds")}}
+            **{m: _per_worker(texts, m) for m in ("records", "datagrams", "bytes",
+                                                  "cpu_seconds")}}
+
+
+def count(number: float) -> str:
+    """A count with its thousands apart: 1 234 567."""
+    return f"{number:,.0f}".replace(",", " ")
+
+
+def byte_rate(per_second: float) -> str:
+    """Bytes a second in decimal units: 950 B/s, 12.3 MB/s."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if per_second >= size:
+            return f"{per_second / size:.1f} {unit}/s"
+    return f"{per_second:.0f} B/s"
+
+
+def _side_counts(side: str, workers: list, after: dict, dt: float, before: dict) -> dict:
+    """The side's records as each counting stage counted them, in all and a second."""
+    out = {}
+    for what, stage in COUNTED[side]:
+        keys = [k for k in after["records"] if k[0] == side and k[1] == stage]
+        out[f"records_{what}"] = int(sum(after["records"][k] for k in keys))
+        out[f"records_{what}_per_second"] = round(sum(
+            max(0.0, after["records"][k] - before["records"].get(k, 0.0)) for k in keys) / dt, 1)
+    stage = "udp_sender" if side == "sender" else "udp_reader"
+    out["bytes_per_second"] = round(sum(w.get("bytes_per_second", 0.0) for w in workers
+                                        if w["side"] == side and w["stage"] == stage), 1)
+    return out
 
 
 def launch_status(entry: dict, before: dict, after: dict, topology=None) -> dict:
@@ -98,8 +134,11 @@ def launch_status(entry: dict, before: dict, after: dict, topology=None) -> dict
             on = psutil.Process(w["pid"]).cpu_num() if w["pid"] else None
         except psutil.Error:
             on = None
-        workers.append({**w, "on_cpu": on, "rate": round(rate, 1), "rate_of": metric,
-                        "cpu_percent": round(100 * cpu, 1)})
+        moved = {f"{metric}_per_second": round(rate, 1)}
+        if w["stage"] in BYTES_OF:
+            moved["bytes_per_second"] = round(max(0.0, after["bytes"].get(key, 0.0) -
+                                                  before["bytes"].get(key, 0.0)) / dt, 1)
+        workers.append({**w, "on_cpu": on, **moved, "cpu_percent": round(100 * cpu, 1)})
     text = "".join(after["texts"])
 
     def total(name, **labels):
@@ -151,9 +190,11 @@ def launch_status(entry: dict, before: dict, after: dict, topology=None) -> dict
                                          "group")} if receiver else None,
         "source_state": statedir.held(topology.resolve(topology.receiver.journal_dir))
         if receiver and topology is not None and topology.receiver.journal_enabled else None,
-        "sender": {"inflight_records": int(total("inflight_records")),
+        "sender": {**_side_counts("sender", workers, after, dt, before),
+                   "inflight_records": int(total("inflight_records")),
                    "dead_letter_records": int(total("dead_letter_records"))}
         if "sender" in entry["sides"] else None,
+        "receiver": _side_counts("receiver", workers, after, dt, before) if receiver else None,
     }
 
 
@@ -167,15 +208,25 @@ def render(s: dict) -> str:
     lines = [f"{s['name']} ({s['topology']}): {'+'.join(s['sides'])}, supervisor pid "
              f"{s['pid']}, up {_age(s['up_seconds'])}, run dir {s['run_dir']}",
              f"  {'worker':<26} {'state':<9} {'pid':>7} {'cpus':<7} {'on':>3} {'restarts':>8} "
-             f"{'rate':>14} {'cpu':>6}"]
+             f"{'rate':>20} {'bytes':>10} {'CPU % of one core':>17}"]
     for w in s["workers"]:
         cpus = ",".join(map(str, w["cpus"])) or "all"
         on = "-" if w["on_cpu"] is None else str(w["on_cpu"])
-        rate = f"{w['rate']:,.0f} {w['rate_of'][:4]}/s"
+        unit = next(k for k in w if k.endswith("_per_second") and k != "bytes_per_second")
+        rate = f"{count(w[unit])} {unit.removesuffix('_per_second')}/s"
+        moved = byte_rate(w["bytes_per_second"]) if "bytes_per_second" in w else "-"
         lines.append(f"  {w['name']:<26} {w['state']:<9} {w['pid'] or '-':>7} {cpus:<7} "
-                     f"{on:>3} {w['restarts']:>8} {rate:>14} {w['cpu_percent']:>5.0f}%")
+                     f"{on:>3} {w['restarts']:>8} {rate:>20} {moved:>10} "
+                     f"{w['cpu_percent']:>16.0f}%")
         if w.get("message"):  # why it is in backoff, exited or fatal
             lines.append(f"    {w['message']}")
+    if s.get("receiver") is not None:
+        r = s["receiver"]
+        lines.append(f"  receiver, since its workers started: {count(r['records_received'])} "
+                     f"records received ({count(r['records_received_per_second'])} records/s, "
+                     f"{byte_rate(r['bytes_per_second'])} of datagrams), "
+                     f"{count(r['records_written'])} written "
+                     f"({count(r['records_written_per_second'])} records/s)")
     if s["link"] is not None:
         k = s["link"]
         age = "never" if k["heartbeat_age_seconds"] is None else \
@@ -219,8 +270,13 @@ def render(s: dict) -> str:
                      "checkpoints:" if held else "  state held: none checkpointed yet")
         lines += [f"    {line}" for line in statedir.held_lines(held)]
     if s["sender"] is not None:
-        lines.append(f"  sender: {s['sender']['inflight_records']} records sent, not yet "
-                     f"committed; {s['sender']['dead_letter_records']} to the dead-letter topic")
+        r = s["sender"]
+        lines.append(f"  sender, since its workers started: {count(r['records_read'])} records "
+                     f"read ({count(r['records_read_per_second'])} records/s), "
+                     f"{count(r['records_sent'])} sent ({count(r['records_sent_per_second'])} "
+                     f"records/s, {byte_rate(r['bytes_per_second'])} of datagrams)")
+        lines.append(f"  sender: {count(r['inflight_records'])} records sent, not yet "
+                     f"committed; {count(r['dead_letter_records'])} to the dead-letter topic")
     return "\n".join(lines)
 
 
@@ -230,6 +286,8 @@ def main(args) -> int:
     if args.run_dir:
         found = [e for e in launches.running() if Path(e["run_dir"]) == Path(args.run_dir)]
     if not found:
+        if args.json:
+            print("[]")  # a script reads the same shape whether or not anything runs
         print("diode status: no diode launch is running" +
               (f" for {args.topology}" if args.topology else "") +
               f" (launches register in {launches.state_dir()})", file=sys.stderr)
@@ -258,5 +316,7 @@ def add_parser(sub) -> None:
     p.add_argument("--run-dir", help="only the launch with this run directory")
     p.add_argument("--seconds", type=float, default=1.0,
                    help="how long to watch for the rates (default 1)")
-    p.add_argument("--json", action="store_true", help="the same as JSON")
+    p.add_argument("--json", action="store_true",
+                   help="the same as JSON, a list of launches (`[]` when none runs); rates and "
+                   "counts under keys that name their unit")
     p.set_defaults(func=main)

@@ -94,7 +94,8 @@ def _age(seconds: float) -> str:
 def add_parser(sub) -> None:
     p = sub.add_parser("tickets", help="on the low side: the resend tickets (missing ranges "
                        "reported, until filled or expired), or their signed manifest")
-    p.add_argument("topology")
+    p.add_argument("topology", help="the receiver's topology file (its receiver.kafka "
+                   "settings read the missing-records topic)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--open", action="store_true", help="only the open tickets")
     which.add_argument("--closed", action="store_true", help="only the closed tickets")

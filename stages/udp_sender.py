@@ -85,9 +85,12 @@ class Stage(BaseStage):
                 self.log.warning("sendto %s:%d failed (%s); retrying", *self.addr, exc)
                 time.sleep(0.2)
                 break
+            sent = 0
             for _ in group:
                 for reader, msg_id, n in self.backlog.popleft()[1]:
                     self.pending_acks.setdefault(reader, []).append((msg_id, n))
+                    sent += n
+            self.metrics.inc("records", sent)
             self.metrics.inc("datagrams", len(group))
             self.metrics.inc("syscalls", self.t.link.copies)
             self.metrics.inc("bytes", wire_bytes - IP_UDP_OVERHEAD * len(group))

@@ -233,12 +233,14 @@ def add_parser(sub) -> None:
     p.add_argument("--burst-length", type=int, default=5, help="datagrams lost per burst")
     p.add_argument("--reorder", type=float, default=0.0,
                    help="probability a datagram is held back --reorder-delay-ms")
-    p.add_argument("--reorder-delay-ms", type=float, default=5.0)
+    p.add_argument("--reorder-delay-ms", type=float, default=5.0,
+                   help="how long a reordered datagram is held back (default 5)")
     p.add_argument("--duplicate", type=float, default=0.0, help="duplication probability")
     p.add_argument("--corrupt", type=float, default=0.0,
                    help="probability one bit of a datagram is flipped")
     p.add_argument("--delay-ms", type=float, default=0.0, help="fixed delay of every datagram")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1,
+                   help="seed of the random draws: the same seed, the same faults (default 1)")
     p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds")
     p.add_argument("--report", help="also write the JSON report to this file")
     p.add_argument("--control", metavar="HOST:PORT", help="take new fault settings while "

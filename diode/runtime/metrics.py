@@ -65,9 +65,10 @@ REJECTS = ("bad_magic", "bad_version", "truncated", "bad_kind", "auth_failed", "
 # Every metric diode exports: the HELP text, what docs/operations.md lists, what a new worker
 # exports at 0 (so a rate or an alert has a series before the first event).
 CATALOG = {
-    "records": Metric("counter", ("kafka_reader", "unpacker", "kafka_writer"),
-                      "Records read from the source (kafka_reader), unpacked from datagrams "
-                      "(unpacker), acknowledged by the destination (kafka_writer)"),
+    "records": Metric("counter", ("kafka_reader", "udp_sender", "unpacker", "kafka_writer"),
+                      "Records read from the source (kafka_reader), handed to the link's socket "
+                      "(udp_sender), unpacked from datagrams (unpacker), acknowledged by the "
+                      "destination (kafka_writer)"),
     "datagrams": Metric("counter", ("packer", "udp_sender", "udp_reader", "unpacker"),
                         "Datagrams made, sent, received, opened"),
     "bytes": Metric("counter", ("packer", "udp_sender", "udp_reader"), "Datagram bytes"),

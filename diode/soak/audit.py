@@ -12,9 +12,11 @@ headers) and with the missing-records topic's reports. A record is then:
   false report);
 - a silent loss: neither written nor reported;
 - a false missing report: reported and written without a `filled` event, or reported but never
-  in the source at all;
-- an unexplained loss: not written although no fault that may lose records (schedule.LOSSY)
-  ran around the time it was produced.
+  in the source at all.
+
+The records not written are also returned as ranges (consecutive offsets of a partition, with
+when their first and last were produced), which diode.soak.report ties to the faults that ran
+when they were sent: a range no fault that may lose records explains is an unexplained loss.
 
 Records are compared by a digest of their content (xxhash64 over key, value and headers, taken
 where they are read), so that hours of traffic (gigabytes of values) never cross a shuffle or
@@ -24,7 +26,7 @@ themselves. The crc32 of each destination value is checked where it is read, too
 """
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from diode.spark import verify
@@ -53,7 +55,9 @@ def _exists(bootstrap: str, topic: str) -> bool:
     """Whether the topic is there (the receiver creates the missing-records topic with its first
     report: a soak that lost nothing has none)."""
     from confluent_kafka.admin import AdminClient
-    topics = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=15).topics
+    from diode.soak.traffic import KAFKA_LOG
+    topics = AdminClient({"bootstrap.servers": bootstrap, "logger": KAFKA_LOG}) \
+        .list_topics(timeout=15).topics
     return topic in topics
 
 
@@ -135,13 +139,28 @@ def counts(rec: DataFrame) -> dict:
     return {k: int(v or 0) for k, v in t.items()}
 
 
+def missing_ranges(rec: DataFrame) -> DataFrame:
+    """The records `classify` found not written, as ranges of consecutive offsets of a
+    partition: sourceTopic, sourcePartition, firstOffset, lastOffset, records, reported (how
+    many of them were reported missing), reason (a reported one's), sentFrom and sentUntil
+    (epoch ms: when the first and the last of them were produced)."""
+    by_offset = Window.partitionBy("sourceTopic", "sourcePartition").orderBy("sourceOffset")
+    lost = rec.where(~F.col("delivered")).withColumn(
+        "run", F.col("sourceOffset") - F.row_number().over(by_offset))  # equal along a range
+    return lost.groupBy("sourceTopic", "sourcePartition", "run").agg(
+        F.min("sourceOffset").alias("firstOffset"), F.max("sourceOffset").alias("lastOffset"),
+        F.count("*").alias("records"), F.sum(F.col("reported").cast("long")).alias("reported"),
+        F.first("reason", True).alias("reason"), F.min("producedAt").alias("sentFrom"),
+        F.max("producedAt").alias("sentUntil")).drop("run")
+
+
 def run(*, source: str, topics: list, destination: str, dest_pattern: str, missing_topic: str,
-        lossy_windows_ms: list, started_ms: int, written_at: str = "writtenAt",
-        fmt: str = "auto", master: str | None = None, digest_topic: str = "") -> dict:
-    """The verdict's counts, the unexplained losses (at most 20, with their time), latency
-    per BUCKET_SECONDS bucket and overall, and the sender's digests checked as `diode verify
-    --digest-topic` does (verified, altered, incomplete; none altered in a sound run).
-    `lossy_windows_ms`: (first, last) epoch ms within which a record may be lost."""
+        started_ms: int, written_at: str = "writtenAt", fmt: str = "auto",
+        master: str | None = None, digest_topic: str = "") -> dict:
+    """The verdict's counts, every range of records not written (missing_ranges, as
+    dicts), latency per BUCKET_SECONDS bucket and overall, and the sender's digests checked as
+    `diode verify --digest-topic` does (verified, altered, incomplete; none altered in a
+    sound run)."""
     import re
     spark = verify.session(master, app="diode soak audit", source=fmt)
     try:
@@ -178,17 +197,13 @@ def run(*, source: str, topics: list, destination: str, dest_pattern: str, missi
         out["missing_reasons"] = {r["reason"] or "": r["n"] for r in rec.where(
             ~F.col("delivered") & F.col("reported")).groupBy("reason")
             .agg(F.count("*").alias("n")).collect()}
-        windows = spark.createDataFrame([(int(a), int(b)) for a, b in lossy_windows_ms] or
-                                        [(0, -1)], "wFirst long, wLast long")
-        lost = rec.where(~F.col("delivered"))
-        unexplained = lost.join(F.broadcast(windows),
-                                (F.col("producedAt") >= F.col("wFirst"))
-                                & (F.col("producedAt") <= F.col("wLast")), "left_anti")
-        out["unexplained_loss"] = unexplained.count()
-        out["unexplained_examples"] = [
-            {**r.asDict(), "t": round((r["producedAt"] - started_ms) / 1000, 1)}
-            for r in unexplained.select(*KEY, "producedAt", "reason")
-            .orderBy("producedAt").limit(20).collect()]
+        out["missing_ranges"] = [
+            {"topic": r["sourceTopic"], "partition": r["sourcePartition"],
+             "first": r["firstOffset"], "last": r["lastOffset"], "records": r["records"],
+             "reported": r["reported"], "reason": r["reason"], "sent_from_ms": r["sentFrom"],
+             "sent_until_ms": r["sentUntil"]}
+            for r in missing_ranges(rec).orderBy("sentFrom", "sourceTopic", "sourcePartition")
+            .collect()]
         lat = d.where(F.col("writtenAt").isNotNull()).select(
             F.floor((F.col("writtenAt") - F.lit(started_ms)) / (1000 * BUCKET_SECONDS))
             .alias("b"), (F.col("writtenAt") - F.col("dTimestamp")).alias("ms"))

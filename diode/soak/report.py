@@ -1,4 +1,5 @@
-"""The soak's report: memory slopes, latency per minute, the plots (PNG) and report.md.
+"""The soak's report: the faults that caused each missing record, memory slopes, latency per
+minute, the plots (PNG) and report.md.
 
 Pure functions over what `diode soak` collected (the per-second timeline, the audit's latency
 buckets, the fault log); the only I/O is writing into the report directory. Pass/fail of the
@@ -11,7 +12,7 @@ entry per category rather than per fault.
 
 from pathlib import Path
 
-from diode.soak.schedule import format_duration
+from diode.soak.schedule import LOSSY, format_duration
 
 MIB = 2 ** 20
 # fault kind -> category; every "link-*" kind is "link"; anything else unknown is "other"
@@ -40,6 +41,71 @@ def fault_span(fault: dict) -> tuple:
         return start, max(start, fault["ended"])
     length = fault.get("duration", fault.get("end", fault["start"]) - fault["start"])
     return start, start + (length or 0)
+
+
+# -- missing records and their faults -----------------------------------------------------------
+
+def fault_window(fault: dict, margin: float) -> tuple:
+    """(first, last) epoch seconds within which a record sent may have been lost by the fault:
+    from `margin` before it began to `margin` after it ended (a restart ends when its side is
+    back; a fault still running when the soak stopped, at its scheduled length)."""
+    began, ended = fault.get("at", fault["start"]), fault.get("ended")
+    length = ended - began if ended is not None else fault.get("duration") or 0.0
+    return fault["epoch"] - margin, fault["epoch"] + max(0.0, length) + margin
+
+
+def attribute(ranges: list, faults: list, margin: float, t0: float) -> list:
+    """Each missing range (diode.soak.audit.missing_ranges: topic, partition, first, last,
+    records, sent_from_ms, sent_until_ms, ...) with what ran while its records were sent, within
+    `margin` seconds: `faults`, the faults that may lose records (schedule.LOSSY), as
+    {"kind", "at", "until"} (seconds since `t0`, the epoch of the soak's start), the likeliest
+    cause first (the nearest to the send times, then the one that overlaps them longest) --
+    empty: an unexplained loss; and `during`, the faults that must lose nothing that ran then
+    (what was going on when a loss is unexplained). `sent_at`, `sent_until`: since `t0`."""
+    windows = []
+    for f in faults:
+        if "epoch" not in f:  # (scheduled, never started)
+            continue
+        first, last = fault_window(f, margin)
+        start, end = fault_span(f)
+        windows.append((first, last, f["kind"] in LOSSY, t0 + start, t0 + end,
+                        {"kind": f["kind"], "at": round(start, 1), "until": round(end, 1)}))
+    out = []
+    for r in ranges:
+        sent, until = r["sent_from_ms"] / 1000, r["sent_until_ms"] / 1000
+
+        def likeliest(w):
+            began, ended = w[3], w[4]
+            return max(0.0, began - until, sent - ended), -(min(until, ended) - max(sent, began))
+        ran = [(lossy, named) for first, last, lossy, *_, named in
+               sorted(windows, key=likeliest) if sent <= last and until >= first]
+        out.append({**r, "sent_at": round(sent - t0, 1), "sent_until": round(until - t0, 1),
+                    "faults": [named for lossy, named in ran if lossy],
+                    "during": [named for lossy, named in ran if not lossy]})
+    return out
+
+
+def missing_by_fault(attributed: list, faults: list, examples: int = 20) -> dict:
+    """What `attribute` found, summed: all the ranges and records missing; per fault that may
+    lose records and ran, the ranges and records it is the likeliest cause of (each range
+    counts once); and the unexplained ones, the first `examples` of them listed."""
+    by_fault = [{"kind": f["kind"], "at": round(start, 1), "until": round(end, 1),
+                 "ranges": 0, "records": 0}
+                for f in faults if "epoch" in f and f["kind"] in LOSSY
+                for start, end in [fault_span(f)]]
+    unexplained = [r for r in attributed if not r["faults"]]
+    for r in attributed:
+        if r["faults"]:
+            named = r["faults"][0]
+            row = next(b for b in by_fault if (b["kind"], b["at"], b["until"]) ==
+                       (named["kind"], named["at"], named["until"]))
+            row["ranges"] += 1
+            row["records"] += r["records"]
+    return {"ranges": len(attributed), "records": sum(r["records"] for r in attributed),
+            "by_fault": by_fault,
+            "unexplained": {"ranges": len(unexplained),
+                            "records": sum(r["records"] for r in unexplained),
+                            "examples": unexplained[:examples]}}
 
 
 # -- memory -----------------------------------------------------------------------------------
@@ -271,11 +337,43 @@ def plot(out_dir, timeline: list, latency: list, faults: list) -> dict:
 # -- report.md --------------------------------------------------------------------------------
 
 def _mss(seconds: float) -> str:
-    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+    sign, seconds = ("-" if seconds < 0 else ""), abs(seconds)
+    return f"{sign}{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
 def _shown(value) -> str:
     return "-" if value is None else str(value)
+
+
+def _when(named: dict) -> str:
+    return f"{named['kind']} {_mss(named['at'])}-{_mss(named['until'])}"
+
+
+def _missing_lines(m: dict, margin) -> list:
+    """report.md's section on the records not written: per fault, what it lost; then each
+    unexplained range, loud."""
+    u = m["unexplained"]
+    within = f" (within {margin:g} s)" if margin is not None else ""
+    lines = ["", "## Missing records and the faults that caused them", "",
+             f"{m['records']} records in {m['ranges']} ranges were not written. Each range is "
+             f"tied to the faults that may lose records that ran while it was sent{within}, "
+             "and counted here under the likeliest (the nearest to its send times; "
+             "missing-ranges.json names them all).", "",
+             "| fault | from | to | ranges | records |", "| --- | --- | --- | ---: | ---: |"]
+    lines += [f"| {b['kind']} | {_mss(b['at'])} | {_mss(b['until'])} | {b['ranges']} | "
+              f"{b['records']} |" for b in m["by_fault"]]
+    lines.append(f"| **unexplained** (no fault that may lose records) | | | **{u['ranges']}** | "
+                 f"**{u['records']}** |")
+    if u["ranges"]:
+        lines += ["", f"**{u['records']} records lost with no fault to explain them** (the "
+                  f"first {len(u['examples'])} ranges; every one in missing-ranges.json):", "",
+                  "| topic | partition | offsets | records | sent | reported | running then |",
+                  "| --- | ---: | --- | ---: | --- | ---: | --- |"]
+        lines += [f"| {x['topic']} | {x['partition']} | {x['first']}-{x['last']} | "
+                  f"{x['records']} | {_mss(x['sent_at'])}-{_mss(x['sent_until'])} | "
+                  f"{x['reported']} | {', '.join(map(_when, x['during'])) or 'no fault'} |"
+                  for x in u["examples"]]
+    return lines
 
 
 def write_markdown(out_dir, report: dict, images: dict) -> str:
@@ -297,6 +395,8 @@ def write_markdown(out_dir, report: dict, images: dict) -> str:
                   f"| digested ranges incomplete | {d['incomplete']} | |"]
     if r.get("failures"):
         lines += ["", "Failed because:", ""] + [f"- {f}" for f in r["failures"]]
+    if r.get("missing") is not None:
+        lines += _missing_lines(r["missing"], r.get("fault_margin"))
 
     lines += ["", "## Faults", "", "| at | kind | lasted | parameters |",
               "| --- | --- | ---: | --- |"]

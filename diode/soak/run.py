@@ -9,6 +9,7 @@ the verdict is about this soak's records only). At the end it drains the pipelin
 asks diode.soak.audit for the verdict on Spark.
 """
 
+import contextlib
 import copy
 import dataclasses
 import datetime
@@ -200,8 +201,16 @@ class Soak:
         self.duration = sched.parse_duration(self.args.duration)
         handler = logging.FileHandler(self.out / "soak.log")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        logging.getLogger("diode").addHandler(handler)
-        # the soak's own lines reach the terminal once, through _say
+        diode_log = logging.getLogger("diode")
+        diode_log.addHandler(handler)
+        # The terminal gets the soak's own lines (once, through _say) and diode's warnings;
+        # what the brokers and the clients say at INFO is in soak.log only.
+        warnings = logging.StreamHandler(sys.stderr)
+        warnings.setLevel(logging.WARNING)
+        warnings.setFormatter(logging.Formatter("diode soak: %(levelname)s %(name)s: "
+                                                "%(message)s"))
+        diode_log.addHandler(warnings)
+        diode_log.propagate = False
         log.addHandler(handler)
         log.propagate = False
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT,
@@ -225,7 +234,9 @@ class Soak:
         try:
             return self._report(plan, verdict)
         finally:
-            logging.getLogger("diode").removeHandler(handler)
+            for h in (handler, warnings):
+                diode_log.removeHandler(h)
+            diode_log.propagate = True
             log.removeHandler(handler)
             log.propagate = True
 
@@ -337,7 +348,7 @@ class Soak:
     def _create_topics(self, plan: Plan) -> None:
         from confluent_kafka.admin import AdminClient
         from diode.kafka.clients import create_topic
-        admin = AdminClient(self._source_kafka(plan))
+        admin = AdminClient({**self._source_kafka(plan), "logger": traffic.KAFKA_LOG})
         for topic in plan.topics:
             create_topic(admin, topic, self.args.partitions)
 
@@ -346,6 +357,7 @@ class Soak:
         from diode.soak.view import View
         pending = list(plan.faults)
         self.t0 = time.monotonic()
+        self.t0_epoch = time.time()  # (what the report's times count from)
         view = View(self, plan, live=not self.args.no_view)
         with view:
             next_sample = self.t0
@@ -547,21 +559,22 @@ class Soak:
     def _audit(self, plan: Plan):
         from diode.soak import audit
         self._say("auditing record by record on Spark")
-        margin = self.args.fault_margin * 1000
-        windows = [(f["epoch"] * 1000 - margin,
-                    (f["epoch"] + f["duration"]) * 1000 + margin + _restart_time(f))
-                   for f in self.fault_log if f["kind"] in sched.LOSSY]
         prefix = plan.topology.receiver.topic_prefix
+        # Spark's JVM (started now) writes its log and progress bars to the process's own
+        # stdout and stderr, which it inherits: off a terminal, they go to spark.log
+        quiet = _output_to(self.out / "spark.log") if not sys.stderr.isatty() \
+            else contextlib.nullcontext()
         try:
-            return audit.run(
-                source=self._bootstrap("source", plan), topics=plan.topics,
-                destination=self._bootstrap("destination", plan),
-                dest_pattern="|".join(re.escape(prefix + t) for t in plan.topics),
-                missing_topic=plan.topology.receiver.missing_records_topic or MISSING_TOPIC,
-                digest_topic=plan.topology.receiver.digest_topic or DIGEST_TOPIC,
-                lossy_windows_ms=windows, started_ms=int(self.started_at * 1000),
-                written_at=plan.topology.receiver.written_at_header,
-                fmt=self.args.format)
+            with quiet:
+                return audit.run(
+                    source=self._bootstrap("source", plan), topics=plan.topics,
+                    destination=self._bootstrap("destination", plan),
+                    dest_pattern="|".join(re.escape(prefix + t) for t in plan.topics),
+                    missing_topic=plan.topology.receiver.missing_records_topic or MISSING_TOPIC,
+                    digest_topic=plan.topology.receiver.digest_topic or DIGEST_TOPIC,
+                    started_ms=int(self.started_at * 1000),
+                    written_at=plan.topology.receiver.written_at_header,
+                    fmt=self.args.format)
         except Exception as exc:  # noqa: BLE001 - Spark wraps its errors: keep the report
             from diode.spark.verify import cause
             self.failures.append(f"the audit failed: {cause(exc)}")
@@ -597,6 +610,14 @@ class Soak:
             failures += report.memory_verdict(mem, self.args.max_rss_slope)
         counts = ("produced", "delivered", "missing_reported", "silent_loss", "false_missing",
                   "duplicates", "corrupted", "unexplained_loss")
+        missing = None
+        if verdict is not None:  # each missing record tied to the fault that caused it
+            attributed = report.attribute(verdict["missing_ranges"], self.fault_log,
+                                          self.args.fault_margin,
+                                          getattr(self, "t0_epoch", self.started_at))
+            (self.out / "missing-ranges.json").write_text(json.dumps(attributed))
+            missing = report.missing_by_fault(attributed, self.fault_log)
+            verdict["unexplained_loss"] = missing["unexplained"]["records"]
         if verdict is None:
             failures.append("not verified: the audit did not run")
         else:
@@ -620,7 +641,8 @@ class Soak:
             **{k: v.get(k) for k in counts},
             **{k: v.get(k) for k in ("late_filled", "reported_twice", "phantom_reports",
                                      "unknown_written", "missing_reasons", "digests",
-                                     "unexplained_examples", "latency_overall")},
+                                     "latency_overall")},
+            "missing": missing, "fault_margin": self.args.fault_margin,
             "faults": self.fault_log,
             "worker_restarts": self.restarts,
             "memory": mem, "memory_judged": judged, "max_rss_slope_mb_per_h":
@@ -639,11 +661,24 @@ class Soak:
         return 0 if rep["passed"] else 1
 
 
-def _restart_time(fault: dict) -> float:
-    """A restart fault's records may be lost until its side is back: the time that took."""
-    if fault.get("ended") is None or not fault["kind"].endswith("-restart"):
-        return 0.0
-    return max(0.0, (fault["ended"] - fault["at"] - fault["duration"]) * 1000)
+@contextlib.contextmanager
+def _output_to(path: Path):
+    """Meanwhile, the process's stdout and stderr (file descriptors 1 and 2, which the processes
+    it starts inherit, as Spark's JVM does for its life) go to the file at `path`."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(path, "ab") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, was in zip((1, 2), saved):
+            os.dup2(was, fd)
+            os.close(was)
 
 
 def _demo_topology(path: Path) -> topo.Topology:

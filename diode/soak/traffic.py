@@ -8,6 +8,7 @@ compares each destination record with its source record (key, value, headers), a
 crc32 too, so a record altered anywhere is found even without the source.
 """
 
+import logging
 import random
 import threading
 import time
@@ -20,6 +21,9 @@ SEQ_HEADER = "soak.seq"
 CRC_HEADER = "soak.crc"
 DEFAULT_SIZES = "100:0.6,1000:0.3,10000:0.1"
 TICK = 0.01  # produce what is due every 10 ms
+# librdkafka's log lines of the soak's own clients (the traffic's producer, its admin clients):
+# to soak.log through this logger (served by poll()), never to the terminal
+KAFKA_LOG = logging.getLogger("diode.soak.kafka")
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,7 @@ class Traffic:
         from confluent_kafka import Producer
         self.producer = Producer({**self.kafka, "enable.idempotence": True, "linger.ms": 5,
                                   "queue.buffering.max.messages": 200000,
-                                  "message.timeout.ms": 600000})
+                                  "message.timeout.ms": 600000, "logger": KAFKA_LOG})
         started = time.monotonic()
         while not self._stop.wait(TICK):
             due = int((time.monotonic() - started) * self.rate)

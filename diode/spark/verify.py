@@ -36,7 +36,7 @@ def session(master: str | None = None, app: str = "diode verify",
     logging.getLogger("py4j").setLevel(logging.WARNING)  # not its INFO chatter at exit
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # started by spark-submit
     builder = SparkSession.builder.appName(app) \
-        .config("spark.ui.showConsoleProgress", "true")
+        .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower())  # a terminal
     if master or not submitted:
         master = master or "local[*]"
         builder = builder.master(master)

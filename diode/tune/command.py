@@ -96,16 +96,18 @@ def table(advice: dict) -> str:
              f"per datagram) on {a['measured']['brokers']}; every core under "
              f"{a['utilisation']:.0%}" + ("; both sides share this machine" if
                                           a["shared_machine"] else ""),
-             f"{'stage':<24} {'µs/record':>10} {'µs/datagram':>12} {'load at target':>15} "
-             f"{'instances':>10}  cores"]
+             # (a stage's CPU time per record and per datagram; its load at the target rate
+             # in cores, all its instances together; the CPUs its workers are pinned to)
+             f"{'stage':<24} {'CPU µs per record':>17}  {'CPU µs per datagram':>19}  "
+             f"{'cores busy at target':>20}  {'instances':>9}  on CPUs"]
     for side in SIDES:
         for stage in PIPELINES[side]:
             p = a["stages"].get(stage)
             if p is None:
                 continue
-            lines.append(f"{side + '/' + stage:<24} {p['cost_us_per_record']:>10.2f} "
-                         f"{p['cost_us_per_datagram']:>12.1f} {p['load_at_target']:>15.2f} "
-                         f"{p['instances']:>10}  {','.join(map(str, p['cores']))}")
+            lines.append(f"{side + '/' + stage:<24} {p['cost_us_per_record']:>17.2f}  "
+                         f"{p['cost_us_per_datagram']:>19.1f}  {p['load_at_target']:>20.2f}  "
+                         f"{p['instances']:>9}  {','.join(map(str, p['cores']))}")
     if a["fits"]:
         lines.append(f"fits: up to about {a['max_rate']:,} records/s here (then "
                      f"{a['bottleneck']} is the limit)")
@@ -179,9 +181,9 @@ def busy_cores(machine, limit: float) -> str:
 def verify_table(v: dict) -> str:
     lines = [f"verify: asked {v['rate']:,.0f} records/s, achieved {v['achieved']:,} over "
              f"{v['seconds']:g} s ({v['errors']['rate']:+.0%}), {v['missing']} reported missing",
-             f"  {'core':<12} {'predicted':>10} {'measured':>10}"]
+             f"  {'CPU':<12} {'predicted % busy':>16} {'measured % busy':>15}"]
     for core, c in v["cores"].items():
-        lines.append(f"  {core:<12} {c['predicted']:>10.1%} {c['measured']:>10.1%}")
+        lines.append(f"  {core:<12} {c['predicted']:>16.1%} {c['measured']:>15.1%}")
     lines.append(f"  total load {v['errors']['total load']:+.0%}, busiest core "
                  f"{v['errors']['busiest core']:+.0%} against the prediction: " +
                  ("within" if v["within"] else "NOT within") +

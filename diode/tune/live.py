@@ -162,17 +162,22 @@ def find(topology: str | None, run_dir: str | None) -> str:
 
 def table(advice: dict) -> str:
     lines = [f"over {advice['seconds']:g} s: " + ", ".join(
-        f"{side} {r:,} records/s" for side, r in advice["records_per_second"].items()),
-        f"{'stage':<24} {'instances':>9} {'load':>7} {'busiest':>8} {'blocked':>8} "
-        f"{'queued':>6} {'µs/record':>10}  advice"]
+        f"{side} {r:,} records/s".replace(",", " ")
+        for side, r in advice["records_per_second"].items()),
+        # (CPU: the stage's, all instances together, and its busiest instance's; blocked: the
+        # share of the time the next stage took nothing; queued: messages waiting for it)
+        f"{'stage':<24} {'instances':>9}  {'CPU % of one core':>17}  "
+        f"{'busiest instance CPU %':>22}  {'% of time blocked':>17}  {'messages queued':>15}  "
+        f"{'CPU µs per record':>17}  {'records/s':>9}  advice"]
     for side in PIPELINES:
         for stage in PIPELINES[side]:
             s = advice["stages"].get(stage)
             if s is None:
                 continue
             cost = "-" if s["cost_us_per_record"] is None else f"{s['cost_us_per_record']:.2f}"
-            lines.append(f"{side + '/' + stage:<24} {s['instances']:>9} {s['load']:>7.0%} "
-                         f"{s['busiest']:>8.0%} {s['blocked']:>8.0%} {s['queued']:>6} "
-                         f"{cost:>10}  {s['advice']}")
+            rate = f"{s['records']:,.0f}".replace(",", " ") if s["records"] else "-"
+            lines.append(f"{side + '/' + stage:<24} {s['instances']:>9}  {s['load']:>17.0%}  "
+                         f"{s['busiest']:>22.0%}  {s['blocked']:>17.0%}  {s['queued']:>15}  "
+                         f"{cost:>17}  {rate:>9}  {s['advice']}")
     lines += [f"- {n}" for n in advice["notes"]]
     return "\n".join(lines)

@@ -3,6 +3,7 @@ with a fault of every kind passes, record by record, and leaves its report; bad 
 before anything starts."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -12,11 +13,24 @@ import psutil
 import yaml
 
 from diode.runtime import launches
+from diode.soak.schedule import LOSSY
 from tests.conftest import ROOT, wait_for
 
 KINDS = {"link-loss", "link-burst", "link-reorder", "link-duplicate", "link-corrupt",
          "link-delay", "link-down", "kill-worker", "sender-restart", "receiver-restart",
          "destination-pause", "destination-stop", "source-pause"}
+# What must not reach a soak's output off a terminal (its own logs have it)
+CHATTER = {
+    "librdkafka": re.compile(r"%\d\|\d+\.\d+\||rdkafka"),
+    "Spark's progress bars": re.compile(r"\[Stage \d+"),
+    "Spark's and its JVM's log": re.compile(
+        r"log4j|setLogLevel|\d\d/\d\d/\d\d \d\d:\d\d:\d\d (INFO|WARN|ERROR) |^WARNING: ", re.M),
+    "an Apache Kafka broker's log": re.compile(
+        r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\] (TRACE|DEBUG|INFO|WARN|ERROR) ", re.M),
+    "a Tansu broker's log": re.compile(
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z\s+(TRACE|DEBUG|INFO|WARN|ERROR) "),
+    "diode's INFO log": re.compile(r" INFO +diode\."),
+}
 
 
 def soak(*args, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -52,6 +66,19 @@ def test_one_minute_soak_with_every_fault_passes_record_by_record(tmp_path):
     # every kind of fault ran, and the lossy ones did lose (and report) records
     assert {f["kind"] for f in rep["faults"]} == KINDS
     assert rep["missing_reported"] > 0 and rep["missing_reasons"]
+    # every missing record is tied to a fault that may lose records, running when it was sent
+    ranges = json.loads((out / "missing-ranges.json").read_text())
+    assert sum(r["records"] for r in ranges) == rep["produced"] - rep["delivered"]
+    assert all(r["faults"] and {f["kind"] for f in r["faults"]} <= LOSSY for r in ranges), \
+        [r for r in ranges if not r["faults"]][:5]
+    assert rep["missing"]["unexplained"]["records"] == 0
+    assert sum(b["records"] for b in rep["missing"]["by_fault"]) == rep["missing"]["records"]
+    # off a terminal: the soak's own lines, none of the brokers', librdkafka's or Spark's
+    for what, pattern in CHATTER.items():
+        found = [line for line in (r.stdout + r.stderr).splitlines() if pattern.search(line)]
+        assert not found, (what, found[:5])
+    assert (out / "spark.log").exists()
+    assert "embedded kafka broker" in (out / "soak.log").read_text()  # there, not on stderr
     assert all(f.get("ended") is not None for f in rep["faults"])
     assert rep["worker_restarts"] >= 2  # the two kills
     assert rep["memory"] and rep["latency"]
@@ -62,7 +89,7 @@ def test_one_minute_soak_with_every_fault_passes_record_by_record(tmp_path):
     for name in ("throughput", "latency", "backlog", "rss", "cpu"):
         png = out / f"{name}.png"
         assert png.stat().st_size > 10000 and png.name in md
-    assert "PASSED" in md
+    assert "PASSED" in md and "## Missing records and the faults that caused them" in md
 
 
 def test_bad_input_is_refused_before_anything_starts(tmp_path):

@@ -1,7 +1,8 @@
-"""The soak's audit transform (diode.soak.audit.classify and counts): known answers for every
-way a record can fare, on rows made in memory as the extract functions make them."""
+"""The soak's audit transform (diode.soak.audit.classify, counts and missing_ranges): known
+answers for every way a record can fare, on rows made in memory as the extract functions make
+them."""
 
-from diode.soak.audit import KEY, classify, copies_of, counts
+from diode.soak.audit import KEY, classify, copies_of, counts, missing_ranges
 
 SRC = "sourceTopic string, sourcePartition int, sourceOffset long, sDigest long, producedAt long"
 DST = ("sourceTopic string, sourcePartition int, sourceOffset long, dDigest long, "
@@ -35,3 +36,21 @@ def test_every_outcome_of_a_record_is_counted_once(spark):
         "corrupted": 3}
     corrupted = sorted(r["sourceOffset"] for r in rec.where("corrupted").select(*KEY).collect())
     assert corrupted == [2, 3, 9]
+
+
+def test_records_not_written_make_ranges_of_consecutive_offsets_with_their_send_times(spark):
+    # t[0]: 3..5 lost (4 silently), 6 written, 8 lost; t[1]: 0 lost; u[0]: nothing lost
+    lost = {("t", 0, 3): True, ("t", 0, 4): False, ("t", 0, 5): True, ("t", 0, 8): True,
+            ("t", 1, 0): True}
+    rows = [(t, p, o, 1000 + 10 * o + p, (t, p, o) not in lost, lost.get((t, p, o), False),
+             "gap" if lost.get((t, p, o)) else None)
+            for t, p in (("t", 0), ("t", 1), ("u", 0)) for o in range(10)]
+    rec = spark.createDataFrame(rows, "sourceTopic string, sourcePartition int, sourceOffset "
+                                "long, producedAt long, delivered boolean, reported boolean, "
+                                "reason string")
+    found = sorted(tuple(r) for r in missing_ranges(rec).select(
+        "sourceTopic", "sourcePartition", "firstOffset", "lastOffset", "records", "reported",
+        "reason", "sentFrom", "sentUntil").collect())
+    assert found == [("t", 0, 3, 5, 3, 2, "gap", 1030, 1050),
+                     ("t", 0, 8, 8, 1, 1, "gap", 1080, 1080),
+                     ("t", 1, 0, 0, 1, 1, "gap", 1001, 1001)]

@@ -142,3 +142,80 @@ def test_report_md_says_the_verdict_why_and_shows_every_fault(tmp_path):
     rep.update(passed=True, failures=[], silent_loss=0)
     md = open(report.write_markdown(tmp_path, rep, {})).read()
     assert md.startswith("# Soak report: PASSED") and "Failed because" not in md
+
+
+# the soak started at epoch T0; its fault log as diode.soak.run keeps it (at, ended: seconds
+# since the start; epoch: when it began)
+T0 = 1_800_000_000.0
+LOGGED = [{"kind": "link-loss", "start": 10, "end": 12, "duration": 2, "loss": 0.01,
+           "at": 10.0, "ended": 12.0, "epoch": T0 + 10},
+          {"kind": "link-reorder", "start": 40, "end": 42, "duration": 2, "probability": 0.05,
+           "at": 40.0, "ended": 42.0, "epoch": T0 + 40},
+          {"kind": "receiver-restart", "start": 60, "end": 62, "duration": 2, "at": 60.0,
+           "ended": 70.0, "epoch": T0 + 60},  # down 2 s, back 8 s later
+          {"kind": "kill-worker", "start": 100, "end": 100, "duration": 0, "side": "sender",
+           "at": 100.0, "ended": 100.1, "epoch": T0 + 100}]
+
+
+def missing(topic, partition, first, last, sent_from, sent_until, reported=None):
+    """A range as the audit finds it (sent: seconds since T0)."""
+    return {"topic": topic, "partition": partition, "first": first, "last": last,
+            "records": last - first + 1, "reported": last - first + 1 if reported is None
+            else reported, "reason": "gap", "sent_from_ms": int((T0 + sent_from) * 1000),
+            "sent_until_ms": int((T0 + sent_until) * 1000)}
+
+
+def test_each_missing_range_is_tied_to_the_fault_that_ran_when_it_was_sent():
+    ranges = [missing("t", 0, 100, 104, 11.0, 11.2),     # during the link loss
+              missing("t", 1, 7, 7, 13.5, 13.5),         # just after it: within the margin
+              missing("t", 2, 500, 519, 68.0, 69.0),     # the receiver not back yet
+              missing("t", 0, 900, 900, 99.0, 99.0),     # sent just before the kill
+              missing("t", 3, 40, 49, 41.0, 41.5, 0),    # during a reorder only: unexplained
+              missing("t", 3, 70, 71, 30.0, 30.0)]       # nothing ran: unexplained
+    found = report.attribute(ranges, LOGGED, margin=2.0, t0=T0)
+    assert [[f["kind"] for f in r["faults"]] for r in found] == [
+        ["link-loss"], ["link-loss"], ["receiver-restart"], ["kill-worker"], [], []]
+    assert found[0]["faults"] == [{"kind": "link-loss", "at": 10.0, "until": 12.0}]
+    assert found[2]["sent_at"] == 68.0 and found[2]["sent_until"] == 69.0
+    assert found[4]["during"] == [{"kind": "link-reorder", "at": 40.0, "until": 42.0}]
+    assert found[5]["during"] == []
+    # the margin widens every window: 4 s more and the last two are still unexplained
+    assert [bool(r["faults"]) for r in report.attribute(ranges, LOGGED, 4.0, T0)] == \
+        [True, True, True, True, False, False]
+
+    # within a wide margin, several: the likeliest cause first (the nearest to the send times)
+    assert [f["kind"] for f in report.attribute([ranges[2]], LOGGED, 40.0, T0)[0]["faults"]] \
+        == ["receiver-restart", "kill-worker"]
+    # (and of two that overlap them, the one that overlaps them longest)
+    both = [{**LOGGED[0], "kind": "link-down", "ended": 11.0},
+            {**LOGGED[0], "kind": "sender-restart", "ended": 20.0}]
+    assert [f["kind"] for f in report.attribute([missing("t", 0, 1, 9, 10.5, 15.0)], both, 2.0,
+                                                T0)[0]["faults"]] == ["sender-restart",
+                                                                      "link-down"]
+
+    m = report.missing_by_fault(found, LOGGED)
+    assert (m["ranges"], m["records"]) == (6, 5 + 1 + 20 + 1 + 10 + 2)
+    assert [(b["kind"], b["ranges"], b["records"]) for b in m["by_fault"]] == [
+        ("link-loss", 2, 6), ("receiver-restart", 1, 20), ("kill-worker", 1, 1)]
+    assert (m["unexplained"]["ranges"], m["unexplained"]["records"]) == (2, 12)
+    assert [x["first"] for x in m["unexplained"]["examples"]] == [40, 70]
+
+
+def test_report_md_ties_losses_to_faults_and_makes_an_unexplained_one_stand_out(tmp_path):
+    found = report.attribute([missing("t", 0, 100, 104, 11.0, 11.2),
+                              missing("t", 3, 40, 49, 41.0, 41.5, 0)], LOGGED, 2.0, T0)
+    rep = {"command": "diode soak", "passed": False, "faults": LOGGED, "fault_margin": 2.0,
+           "failures": ["unexplained_loss: 10 (must be 0)"],
+           "missing": report.missing_by_fault(found, LOGGED)}
+    md = open(report.write_markdown(tmp_path, rep, {})).read()
+    assert "## Missing records and the faults that caused them" in md
+    assert "15 records in 2 ranges were not written" in md and "(within 2 s)" in md
+    assert "| link-loss | 0:10 | 0:12 | 1 | 5 |" in md
+    assert "| receiver-restart | 1:00 | 1:10 | 0 | 0 |" in md
+    assert "| **unexplained** (no fault that may lose records) | | | **1** | **10** |" in md
+    assert "**10 records lost with no fault to explain them**" in md
+    assert "| t | 3 | 40-49 | 10 | 0:41-0:41 | 0 | link-reorder 0:40-0:42 |" in md
+    rep["missing"] = report.missing_by_fault(found[:1], LOGGED)
+    md = open(report.write_markdown(tmp_path, rep, {})).read()
+    assert "| **unexplained** (no fault that may lose records) | | | **0** | **0** |" in md
+    assert "with no fault to explain them" not in md

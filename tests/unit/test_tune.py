@@ -121,6 +121,9 @@ def test_the_advice_has_every_stage_of_both_sides_and_the_sysctls_too_small():
         assert a["topology"][p["side"]][stage]["instances"] == p["instances"]
     assert {c["name"] for c in a["sysctl"]} == {"net.core.rmem_max", "net.core.wmem_max"}
     text = table(a)
+    # the columns say what they count, in which unit
+    assert all(h in text.splitlines()[1] for h in ("CPU µs per record", "CPU µs per datagram",
+                                                   "cores busy at target", "on CPUs"))
     assert "fits: up to about" in text and "sysctl -w net.core.rmem_max=" in text
     assert "tc qdisc replace dev eth0 root fq" in text  # pacing by the kernel, not a loop
     worse = advise(t, measured(), 1_000_000, Machine(cores=(0, 1)), FACTS)
@@ -269,7 +272,11 @@ def test_live_advice_widens_the_hot_stage_narrows_the_idle_one_and_names_the_slo
     hot = snapshot(10.0, {"receiver/udp_reader-0": (8, 0, 0)})
     cold = snapshot(0.0, {"receiver/udp_reader-0": (0, 0, 0)})
     assert "bounds the rate" in live.advise(cold, hot)["stages"]["udp_reader"]["advice"]
-    assert "widen to 2 instances" in live.table(a)
+    text = live.table(a)
+    assert "widen to 2 instances" in text and "receiver 10 000 records/s" in text
+    assert all(h in text.splitlines()[1] for h in (
+        "CPU % of one core", "busiest instance", "% of time blocked", "messages queued",
+        "CPU µs per record", "records/s"))
 
 
 def test_live_finds_no_launch_and_says_so(tmp_path, monkeypatch):
