@@ -6,6 +6,7 @@ docs/design.md §8, so consumers read until they have what they expect)."""
 import json
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -30,14 +31,82 @@ def broker_kind(request) -> str:
     return request.param
 
 
+class KafkaSpares:
+    """Plain Apache Kafka brokers launched ahead of the tests that take them. A broker's JVM
+    takes seconds to start (5 s for a pair, measured here), so the broker a test takes was
+    launched while an earlier test ran. A spare is as new as a broker started for the test: no
+    topic, no record, a cluster id of its own, a free port; only plain brokers (no options, on
+    127.0.0.1, run here) come from here. Brokers that a test is done with stop in the
+    background."""
+
+    def __init__(self, directory: Path, keep: int = 2):
+        self.directory = directory
+        self.keep = keep
+        self.spares: list = []
+        self.made = 0
+        self.stopping: list = []
+
+    def _launch(self) -> None:
+        self.made += 1
+        broker = make_broker("kafka", f"spare-{self.made}", f"127.0.0.1:{free_port()}",
+                             str(self.directory / f"kafka-{self.made}.log"))
+        broker.launch()
+        self.spares.append(broker)
+
+    def take(self, names, log_dir: Path) -> list:
+        while len(self.spares) < len(names):
+            self._launch()
+        taken, self.spares = self.spares[:len(names)], self.spares[len(names):]
+        try:
+            for broker in taken:
+                broker.wait_ready()
+        except BaseException:
+            for broker in taken:
+                broker.stop()
+            raise
+        for broker, name in zip(taken, names):
+            broker.name = name
+            (log_dir / f"{name}.log").symlink_to(broker.log_path)
+        while len(self.spares) < self.keep:
+            self._launch()
+        return taken
+
+    def stop_later(self, broker) -> None:
+        self.stopping = [t for t in self.stopping if t.is_alive()]
+        thread = threading.Thread(target=broker.stop, daemon=True)
+        thread.start()
+        self.stopping.append(thread)
+
+    def close(self) -> None:
+        for broker in self.spares:
+            broker.stop()
+        for thread in self.stopping:
+            thread.join(30)
+
+
+@pytest.fixture(scope="session")
+def kafka_spares(tmp_path_factory):
+    spares = KafkaSpares(tmp_path_factory.mktemp("kafka-spares"))
+    yield spares
+    spares.close()
+
+
 @pytest.fixture
-def start_brokers(tmp_path):
+def start_brokers(tmp_path, request):
     """start(kind, *names, host=, where=, **kafka_options): embedded brokers on free ports of
     `host`, run under `where` (the test bed's `ip netns exec NAME`), started side by side,
-    stopped at the end of the test (logs in tmp_path/<name>.log)."""
+    stopped at the end of the test (logs in tmp_path/<name>.log). Plain Apache Kafka brokers
+    come from the spares launched ahead (KafkaSpares)."""
     started = []
+    spared = []
+    pool = []
 
     def start(kind: str, *names: str, host: str = "127.0.0.1", where=(), **options) -> list:
+        if kind == "kafka" and host == "127.0.0.1" and not where and not options:
+            pool[:] = [request.getfixturevalue("kafka_spares")]
+            made = pool[0].take(names, tmp_path)
+            spared.extend(made)
+            return made
         made = [make_broker(kind, name, f"{host}:{free_port()}", str(tmp_path / f"{name}.log"),
                             where, **options) for name in names]
         start_all(made)
@@ -47,6 +116,8 @@ def start_brokers(tmp_path):
     yield start
     for b in started:
         b.stop()
+    for b in spared:
+        pool[0].stop_later(b)
 
 
 @pytest.fixture
