@@ -10,7 +10,10 @@ end-to-end latency. Records of a diode older than topic ids carry no sourceTopic
 the null incarnation, audited as one. `--stream` keeps auditing (diode.spark.stream).
 
 Extract, transform and load are separate functions; `provenance` and `audit` (the transform)
-are pure DataFrame -> DataFrame functions with known-answer tests.
+are pure DataFrame -> DataFrame functions with known-answer tests. `extract` reads exactly what
+each partition held when the audit began (diode.spark.coverage.extents, found by a consumer
+reading to the real end), and the command checks that the read covered it (`offsets_read`,
+coverage.shortfalls): a short read is an error, not a report.
 """
 
 import logging

@@ -169,23 +169,21 @@ def test_native_kafka_source_gives_the_same_audit_as_the_python_source(spark,
 
 
 def test_verify_command_prints_the_table_and_exits_1_when_records_are_missing(brokers,
-                                                                            broker_kind,
-                                                                            tmp_path):
-    """On Apache Kafka through Spark's own connector (--format native: the session fetches
-    and loads it), on Tansu through the Python source."""
+                                                                            tmp_path,
+                                                                            verify_here):
+    """Through Spark's own connector on both brokers (given the ends a consumer found, it reads
+    Tansu to the end too). In this process on the shared session: the command as a process of
+    its own runs in test_digests (the docs' examples, on both brokers)."""
     src, dst = brokers
     plant(dst.bootstrap)
     create_topic(src.bootstrap, "b", 1)  # the source of dst_b, for the comparison
     produce(src.bootstrap, "b", [{"value": b"b"} for _ in range(105)])
     out = tmp_path / "report.json"
     topology = write_topology(tmp_path, src.bootstrap, dst.bootstrap)  # (its key signs)
-    r = subprocess.run([sys.executable, "-m", "diode", "verify", "--bootstrap", dst.bootstrap,
-                        "--prefix", "dst_", "--heartbeat-topic", "beats", "--json", str(out),
-                        "--manifest", str(tmp_path / "manifest.json"), "--master", "local[2]",
-                        "--topology", str(topology),
-                        "--source-bootstrap", src.bootstrap,
-                        "--format", "native" if broker_kind == "kafka" else "python"],
-                       capture_output=True, text=True, timeout=300)
+    r = verify_here("--bootstrap", dst.bootstrap, "--prefix", "dst_", "--heartbeat-topic",
+                    "beats", "--json", out, "--manifest", tmp_path / "manifest.json",
+                    "--master", "local[2]", "--topology", topology,
+                    "--source-bootstrap", src.bootstrap, "--format", "native")
     assert r.returncode == 1, r.stderr[-3000:]
     assert "a[0]" in r.stdout and "3..4, 15..15, 20..22" in r.stdout
     # b[0] holds offsets 0..104 at the source; the destination has only 100..104
