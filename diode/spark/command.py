@@ -187,7 +187,8 @@ def add_arguments(p) -> None:
     p.add_argument("--format", choices=("auto", "native", "python"), default="auto",
                    help="Kafka source: Spark's spark-sql-kafka (native; fetched through mvn "
                    "the first time), diode's Python source (python; no JVM jars), or native "
-                   "when on the classpath or cached, else python (auto)")
+                   "when on the classpath or cached, else python (auto; a native read "
+                   "that falls short is read again with python)")
     s = p.add_argument_group("streaming mode (--stream): keep auditing as records arrive")
     s.add_argument("--stream", action="store_true", help="audit continuously; report missing "
                    "ranges and later fills as they are seen")
