@@ -36,10 +36,9 @@ class Extent(NamedTuple):
     high: int
 
 
-def extents(options: dict, topics: list | None = None, pattern: str | None = None,
-            timeout: float = TIMEOUT) -> dict:
-    """{(topic, partition): Extent} of the topics named or matching `pattern` (fully), read by a
-    consumer made with `options` (kafka.* settings, as the Spark sources take them)."""
+def extents(options: dict, pattern: str, timeout: float = TIMEOUT) -> dict:
+    """{(topic, partition): Extent} of the topics matching `pattern` (fully), read by a consumer
+    made with `options` (kafka.* settings, as the Spark sources take them)."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     from diode.spark.kafka_source import kafka_config
@@ -51,7 +50,7 @@ def extents(options: dict, topics: list | None = None, pattern: str | None = Non
             raise RuntimeError(f"diode verify: cannot list the topics of "
                                f"{options.get('kafka.bootstrap.servers')}: {e}") from e
         parts = [(t, p) for t in sorted(listed) if not t.startswith("__")
-                 and (t in (topics or ()) or (pattern and re.fullmatch(pattern, t)))
+                 and re.fullmatch(pattern, t)
                  for p in sorted(listed[t].partitions)]
         marks = {tp: c.get_watermark_offsets(TopicPartition(*tp), timeout=10) for tp in parts}
         deadline = time.monotonic() + timeout
@@ -90,8 +89,8 @@ def _read(consumer, at: dict, deadline: float, first_only: bool = False) -> dict
         while open_:
             if time.monotonic() > deadline:
                 t, p = sorted(open_)[0]
-                raise RuntimeError(f"diode verify: could not read {t}[{p}] to its end within "
-                                   f"{TIMEOUT:.0f} s, so cannot know what the audit must read")
+                raise RuntimeError(f"diode verify: could not read {t}[{p}] to its end in time, "
+                                   "so cannot know what the audit must read")
             for m in consumer.consume(1000, timeout=0.5):
                 tp = (m.topic(), m.partition())
                 err = m.error()
