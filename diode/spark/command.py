@@ -13,7 +13,8 @@ import time
 
 
 def main(args) -> int:
-    """`diode verify`: exit 0 when nothing is missing (or lost or altered), 1 otherwise."""
+    """`diode verify`: exit 0 when nothing is missing (or lost or altered), 1 otherwise, 2 when
+    it could not audit everything (a read short of what the partitions held, an error)."""
     try:
         import pyspark  # noqa: F401
     except ModuleNotFoundError:
@@ -21,57 +22,67 @@ def main(args) -> int:
               file=sys.stderr)
         return 2
     from diode.spark import stream
+    from diode.spark.coverage import ShortRead
     from diode.spark.verify import cause, say
     try:
         if args.stream:
             return stream.main(args)
         return audit_once(args)
+    except ShortRead as e:
+        say(f"{e}\nno report: an audit of part of the records would say too little")
+        return 2
     except Exception as e:  # noqa: BLE001 - Spark wraps planner and executor errors: show the cause
         say(f"failed: {cause(e)}")
         return 2
 
 
 def audit_once(args) -> int:
-    """The batch audit: the table, the JSON report, the manifest; 1 when anything is missing."""
-    from pyspark import StorageLevel
-
-    from diode.spark.kafka_source import choose_format
-    from diode.spark.verify import (audit, compare, extract, extract_heartbeats,
-                                    extract_topic_ids, latency, manifest, pattern_of,
-                                    provenance, report, say, session, table)
+    """The batch audit: the table, the JSON report, the manifest; 1 when anything is missing.
+    Raises coverage.ShortRead when a read fell short of what the partitions held."""
+    from diode.spark import coverage
+    from diode.spark.verify import (audit, compare, extract_heartbeats, extract_topic_ids,
+                                    latency, manifest, of_provenance, pattern_of,
+                                    read_provenance, report, say, session, table)
     started = time.monotonic()
     say(f"starting Spark ({args.master or 'spark-submit master or local[*]'})")
     spark = session(args.master, source=args.format)
     try:
         pattern = pattern_of(args)
-        say(f"auditing the topics matching {pattern} on {args.bootstrap} "
-            f"({choose_format(spark, args.format)} source)")
-        rows = extract(spark, args.bootstrap, pattern, args.format)
-        p = provenance(rows, args.written_at_header).persist(StorageLevel.MEMORY_AND_DISK)
+        held = coverage.extents({"kafka.bootstrap.servers": args.bootstrap}, pattern=pattern)
+        say(f"auditing the topics matching {pattern} on {args.bootstrap}: "
+            f"{coverage.describe(held)}")
+        audit_start = time.monotonic()
+        rows, kept = read_checked(spark, "the destination", args.bootstrap, pattern, held,
+                                  args.format,
+                                  lambda r: read_provenance(r, args.written_at_header))
+        p = of_provenance(kept)
         beats = extract_heartbeats(spark, args.bootstrap, args.heartbeat_topic, args.format) \
             if args.heartbeat_topic else None
-        audit_start = time.monotonic()
         rep = report(audit(p, beats))
         rep["totals"]["latencyMs"] = latency(p)
         took = time.monotonic() - audit_start
         n = rep["totals"]["records"]
         say(f"audited {n} records of {len(rep['partitions'])} source partitions in "
-            f"{took:.1f} s ({n / max(took, 1e-9):.0f} records/s)")
+            f"{took:.1f} s ({rate(n, took)} records/s)")
         if args.source_bootstrap:
             topics = sorted({r["sourceTopic"] for r in rep["partitions"]})
             say(f"comparing with the source cluster {args.source_bootstrap}: "
                 f"{len(topics)} topics")
-            source = extract(spark, args.source_bootstrap,
-                             "|".join(re.escape(t) for t in topics) or "(?!)", args.format)
+            wanted = "|".join(re.escape(t) for t in topics) or "(?!)"
+            source_held = coverage.extents({"kafka.bootstrap.servers": args.source_bootstrap},
+                                           pattern=wanted)
+            _, source = read_checked(spark, "the source", args.source_bootstrap, wanted,
+                                     source_held, args.format, lambda r: r)
             # (the source holds only its topics' current incarnations: compared with those)
             current = extract_topic_ids(args.source_bootstrap, topics)
             rep["comparison"] = [r.asDict() for r in compare(
                 source, rows, args.written_at_header, current).collect()]
             rep["totals"].update({k: sum(r[k] for r in rep["comparison"])
                                   for k in ("lost", "duplicated", "altered")})
+            source.unpersist()
         if args.digest_topic:
             rep["digests"] = check_digests(spark, rows, args)
-        p.unpersist()
+        kept.unpersist()
     finally:
         spark.stop()
     say(f"done in {time.monotonic() - started:.1f} s")
@@ -101,6 +112,41 @@ def audit_once(args) -> int:
     d = rep.get("digests") or {}
     return 1 if t["missing"] or t.get("lost") or t.get("altered") or d.get("altered") or \
         d.get("incomplete") else 0
+
+
+def read_checked(spark, what: str, bootstrap: str, pattern: str, held: dict, mode: str,
+                 keep) -> tuple:
+    """(the Kafka rows of the topics matching `pattern`, `keep` of them persisted), read once
+    and checked against what the partitions held (`held`, coverage.extents): a read that fell
+    short raises coverage.ShortRead. With --format auto, a short read by Spark's Kafka source
+    is read again with diode's Python source before giving up."""
+    from pyspark import StorageLevel
+
+    from diode.spark import coverage
+    from diode.spark.kafka_source import choose_format
+    from diode.spark.verify import extract, offsets_read, say
+    while True:
+        fmt = choose_format(spark, mode)
+        say(f"reading {what} with the {fmt} source")
+        rows = extract(spark, bootstrap, pattern, mode, held=held)
+        kept = keep(rows).persist(StorageLevel.MEMORY_AND_DISK)
+        short = coverage.shortfalls(held, offsets_read(kept))
+        if not short:
+            return rows, kept
+        kept.unpersist()
+        if mode != "auto" or fmt != "kafka":
+            raise coverage.ShortRead(f"{what} ({bootstrap}, {fmt} source)", short)
+        say(f"Spark's Kafka source read {what} short ({short[0]}): reading it again with "
+            "diode's Python source")
+        mode = "python"
+
+
+def rate(n: int, seconds: float) -> str:
+    """n / seconds, with the digits that say something: 33223, 41.5, 0.4 (never 0 when n > 0)."""
+    r = n / max(seconds, 1e-9)
+    if r >= 100 or r == 0:
+        return f"{r:.0f}"
+    return f"{r:.1f}" if r >= 1 else f"{r:.2g}"
 
 
 def check_digests(spark, rows, args) -> dict:
@@ -141,7 +187,8 @@ def add_arguments(p) -> None:
     p.add_argument("--format", choices=("auto", "native", "python"), default="auto",
                    help="Kafka source: Spark's spark-sql-kafka (native; fetched through mvn "
                    "the first time), diode's Python source (python; no JVM jars), or native "
-                   "when on the classpath or cached, else python (auto)")
+                   "when on the classpath or cached, else python (auto; a native read "
+                   "that falls short is read again with python)")
     s = p.add_argument_group("streaming mode (--stream): keep auditing as records arrive")
     s.add_argument("--stream", action="store_true", help="audit continuously; report missing "
                    "ranges and later fills as they are seen")
@@ -166,7 +213,7 @@ def add_arguments(p) -> None:
 def add_parser(sub) -> None:
     p = sub.add_parser("verify", help="audit the destination topics on Spark: per source "
                        "partition records, duplicates, missing ranges, order, latency "
-                       "(exit 1: missing)")
+                       "(exit 1: missing; 2: could not read everything the topics held)")
     add_arguments(p)
     p.set_defaults(func=main)
 

@@ -15,13 +15,15 @@ are left out), takes those of each range, and judges it:
   did not is silent.
 """
 
+import re
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from diode.accounting import digests as dg
 from diode.accounting.ranges import merge, subtract
-from diode.spark.verify import SOURCE, by_source, kafka_reader, own_headers, with_provenance_rows
+from diode.spark.verify import SOURCE, by_source, extract, own_headers, with_provenance_rows
 
 DIGEST_SCHEMA = ("sourceTopic string, sourcePartition int, sourceTopicId string, "
                  "firstOffset long, lastOffset long, count long, digest string")
@@ -34,7 +36,7 @@ JUDGED = T.StructType([T.StructField("state", T.StringType()),
 def extract_digests(spark: SparkSession, bootstrap: str, topic: str,
                     mode: str = "auto") -> DataFrame:
     """receiver.digest.topic's digests, once each (a journal replay may write one twice)."""
-    rows = kafka_reader(spark.read, spark, bootstrap, mode).option("subscribe", topic).load()
+    rows = extract(spark, bootstrap, re.escape(topic), mode)
     return rows.select(F.from_json(F.col("value").cast("string"), DIGEST_SCHEMA).alias("d")) \
         .select("d.*").where(F.col("digest").isNotNull()).dropDuplicates()
 

@@ -5,7 +5,8 @@ schema (key, value, topic, partition, offset, timestamp, timestampType, headers)
 switch to `format("kafka")` when spark-sql-kafka is on the classpath (`choose_format`).
 
 Options: `kafka.*` (librdkafka settings, e.g. kafka.bootstrap.servers), `subscribe` (comma
-separated topics) or `subscribePattern` (a regular expression), `startingOffsets` ("earliest"
+separated topics), `subscribePattern` (a regular expression) or `assign` (JSON {"topic": [0, 1]},
+those partitions only), `startingOffsets` ("earliest"
 or JSON {"topic": {"0": 42}}), `endingOffsets` ("latest" or JSON, exclusive; batch only),
 `maxOffsetsPerTrigger` (streaming: at most this many records per micro-batch, shared out over
 the partitions by backlog, as Spark's own source does) and `maxRecordsPerPartition` (default
@@ -80,15 +81,18 @@ class _KafkaReader:
     def __init__(self, options: dict):
         if "kafka.bootstrap.servers" not in options:
             raise ValueError("diode_kafka: option kafka.bootstrap.servers is required")
-        if not options.get("subscribe") and not options.get("subscribepattern"):
-            raise ValueError("diode_kafka: give subscribe or subscribePattern")
+        if not any(options.get(k) for k in ("subscribe", "subscribepattern", "assign")):
+            raise ValueError("diode_kafka: give subscribe, subscribePattern or assign")
         self.options = options
         self.step = int(options.get("maxrecordsperpartition", 1_000_000))
         self.metadata_timeout = float(options.get("metadatatimeoutseconds", 10))
 
     def _partitions(self, consumer) -> list[tuple[str, int]]:
-        """The (topic, partition) pairs subscribed to, sorted."""
+        """The (topic, partition) pairs subscribed to (or assigned), sorted."""
         from confluent_kafka import KafkaException
+        if self.options.get("assign"):
+            return sorted((t, int(p)) for t, parts in json.loads(self.options["assign"]).items()
+                          for p in parts)
         try:
             topics = consumer.list_topics(timeout=self.metadata_timeout).topics
         except KafkaException as e:

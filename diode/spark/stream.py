@@ -201,7 +201,7 @@ def start(spark: SparkSession, args) -> tuple:
     pattern = pattern_of(args)
     if args.heartbeat_topic:
         pattern = f"(?:{pattern})|{re.escape(args.heartbeat_topic)}"
-    rows = (kafka_reader(spark.readStream, spark, args.bootstrap, args.format)
+    rows = (kafka_reader(spark.readStream, spark, args.bootstrap, stream_format(args, pattern))
             .option("subscribePattern", pattern)
             .option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger)).load())
     query = (rows.writeStream.foreachBatch(auditor)
@@ -210,6 +210,28 @@ def start(spark: SparkSession, args) -> tuple:
                          {"processingTime": f"{args.trigger_seconds} seconds"}))
              .queryName("diode-verify").start())
     return query, auditor
+
+
+def stream_format(args, pattern: str) -> str:
+    """--format, or for auto the source that reads to the end on this cluster: Spark's
+    streaming Kafka source ends each micro-batch where ListOffsets says, so where a partition's
+    high watermark is short of its last record (the embedded Tansu) diode's Python source, which
+    reads to the end of partition. (A cluster is seen to answer short only where a partition's
+    last batch holds more than one record.)"""
+    from diode.spark import coverage
+    if args.format == "python":
+        return "python"
+    short = coverage.short_watermarks(
+        coverage.extents({"kafka.bootstrap.servers": args.bootstrap}, pattern=pattern))
+    if not short:
+        return args.format
+    if args.format == "auto":
+        say(f"the high watermark of {short[0]} is short of its last record: auditing with "
+            "diode's Python source, which reads to the end of partition")
+        return "python"
+    say(f"warning: the high watermark of {short[0]} is short of its last record: Spark's "
+        "Kafka source (--format native) will read short on this cluster; use --format python")
+    return args.format
 
 
 def main(args) -> int:

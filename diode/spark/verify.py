@@ -10,7 +10,10 @@ end-to-end latency. Records of a diode older than topic ids carry no sourceTopic
 the null incarnation, audited as one. `--stream` keeps auditing (diode.spark.stream).
 
 Extract, transform and load are separate functions; `provenance` and `audit` (the transform)
-are pure DataFrame -> DataFrame functions with known-answer tests.
+are pure DataFrame -> DataFrame functions with known-answer tests. `extract` reads exactly what
+each partition held when the audit began (diode.spark.coverage.extents, found by a consumer
+reading to the real end), and the command checks that the read covered it (`offsets_read`,
+coverage.shortfalls): a short read is an error, not a report.
 """
 
 import logging
@@ -63,11 +66,21 @@ def local_memory() -> str:
 # -- extract -------------------------------------------------------------------------------------
 
 def extract(spark: SparkSession, bootstrap: str, pattern: str, mode: str = "auto",
-            kafka: dict | None = None) -> DataFrame:
-    """The destination topics matching `pattern`, as Kafka rows."""
-    reader = kafka_reader(spark.read, spark, bootstrap, mode).option("subscribePattern", pattern)
-    for k, v in (kafka or {}).items():
-        reader = reader.option(f"kafka.{k}", v)
+            kafka: dict | None = None, held: dict | None = None) -> DataFrame:
+    """The topics matching `pattern` (fully), as Kafka rows: exactly the records each partition
+    held when `held` was found (diode.spark.coverage.extents; found now when not given), read to
+    the real end whatever the broker's ListOffsets says, the same records at each pass."""
+    from diode.spark import coverage
+    from diode.spark.kafka_source import SCHEMA
+    settings = {f"kafka.{k}": v for k, v in (kafka or {}).items()}
+    if held is None:
+        held = coverage.extents({"kafka.bootstrap.servers": bootstrap, **settings},
+                                pattern=pattern)
+    if not held:
+        return spark.createDataFrame([], SCHEMA)
+    reader = coverage.pin(kafka_reader(spark.read, spark, bootstrap, mode), held)
+    for k, v in settings.items():
+        reader = reader.option(k, v)
     return reader.load()
 
 
@@ -83,8 +96,7 @@ def extract_heartbeats(spark: SparkSession, bootstrap: str, topic: str,
                        mode: str = "auto") -> DataFrame:
     """The heartbeats of receiver.heartbeat.topic as `claims`: per incarnation, where the
     sender's earliest chain started and the highest offset it said it had sent."""
-    return claims(kafka_reader(spark.read, spark, bootstrap, mode).option("subscribe", topic)
-                  .load())
+    return claims(extract(spark, bootstrap, re.escape(topic), mode))
 
 
 def extract_topic_ids(bootstrap: str, topics: list) -> dict:
@@ -108,12 +120,31 @@ def provenance(rows: DataFrame, written_at: str = "writtenAt") -> DataFrame:
     it (writtenAt, ms) and its end-to-end latency in ms (the `written_at` header,
     receiver.written.at.header, minus the source timestamp the record kept; null without the
     header). Rows without provenance (not written by diode) are left out."""
+    return of_provenance(read_provenance(rows, written_at))
+
+
+def read_provenance(rows: DataFrame, written_at: str = "writtenAt") -> DataFrame:
+    """`provenance`'s columns of every row read, those without provenance too (null
+    sourceOffset): what the audit keeps of a read, and what tells how far the read went."""
     stamp = _header(written_at, "long") if written_at else F.lit(None).cast("long")
     return rows.select(
         "topic", "partition", "offset", *_origin(),
         stamp.alias("writtenAt"),
         (stamp - F.unix_millis("timestamp")).alias("latencyMs"),
-    ).where(F.col("sourceOffset").isNotNull())
+    )
+
+
+def of_provenance(read: DataFrame) -> DataFrame:
+    """The rows of `read_provenance` that have provenance (written by diode)."""
+    return read.where(F.col("sourceOffset").isNotNull())
+
+
+def offsets_read(rows: DataFrame) -> dict:
+    """{(topic, partition): (lowest, highest) offset} of the Kafka rows (or any with topic,
+    partition and offset columns), for diode.spark.coverage.shortfalls."""
+    got = rows.groupBy("topic", "partition").agg(F.min("offset").alias("lo"),
+                                                 F.max("offset").alias("hi")).collect()
+    return {(r.topic, r.partition): (r.lo, r.hi) for r in got}
 
 
 def _origin() -> list:

@@ -78,7 +78,8 @@ def test_python_kafka_source_reads_every_record_with_the_native_schema(spark, br
     assert ending == 10
 
 
-def test_audit_names_exactly_the_planted_gaps_duplicates_and_reordering(spark, brokers):
+def test_audit_names_exactly_the_planted_gaps_duplicates_and_reordering_and_a_short_read(
+        spark, brokers, verify_here, monkeypatch):
     _, dst = brokers
     plant(dst.bootstrap)
     rows = extract(spark, dst.bootstrap, "dst_.*", "python")
@@ -107,12 +108,33 @@ def test_audit_names_exactly_the_planted_gaps_duplicates_and_reordering(spark, b
         {"topic": "a", "partition": 0, "ranges": [[3, 4], [15, 15], [20, 22]]},
         {"topic": "b", "partition": 0, "ranges": [[97, 99]]}]}
 
+    # The Kafka source given an end 3 offsets short of dst_a[0]'s last record (offset 17), as
+    # Spark's own source was when it trusted a ListOffsets answered short (Tansu's): exit 2,
+    # the partition and what was not read named, no report. --format auto reads it again with
+    # the Python source first (given the same end here, it reads short too).
+    from diode.spark import coverage
+    pin = coverage.pin
+
+    def short(reader, held):
+        return pin(reader, {tp: e._replace(end=e.end - 3) if tp == ("dst_a", 0) else e
+                            for tp, e in held.items()})
+    monkeypatch.setattr(coverage, "pin", short)
+    r = verify_here("--bootstrap", dst.bootstrap, "--prefix", "dst_", "--format", "auto")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "dst_a[0]: read to offset 14, but it holds records to offset 17: offsets 15..17 " \
+        "not read (3 offsets)" in r.stderr, r.stderr[-3000:]
+    assert "reading it again with diode's Python source" in r.stderr
+    assert "total:" not in r.stdout and "missing" not in r.stdout
+
 
 def test_native_kafka_source_gives_the_same_audit_as_the_python_source(spark,
-                                                                      start_brokers):
+                                                                      start_brokers,
+                                                                      verify_here,
+                                                                      monkeypatch):
     """spark-sql-kafka (fetched through mvn) and diode's Python source, on the same topics:
-    the same report. Apache Kafka only: the native source trusts ListOffsets, which Tansu
-    answers short."""
+    the same report. Then records deleted while the audit reads are named as not read.
+    Apache Kafka only (DeleteRecords); both sources read to the real end on Tansu too
+    (test_digests runs the docs' examples there with the default source)."""
     dst, = start_brokers("kafka", "destination")
     plant(dst.bootstrap)
     reports = {}
@@ -125,25 +147,43 @@ def test_native_kafka_source_gives_the_same_audit_as_the_python_source(spark,
     assert reports["native"] == reports["python"]
     assert choose_format(spark, "auto") == "kafka"  # on the classpath: the native one
 
+    # dst_a[0]'s first 5 records deleted (as retention would remove them) after the audit
+    # found what the partition holds and before it reads it: exit 2, the offsets named
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from diode.spark import coverage
+    found = coverage.extents
+
+    def then_delete(*args, **kw):
+        held = found(*args, **kw)
+        admin = AdminClient({"bootstrap.servers": dst.bootstrap})
+        for f in admin.delete_records([TopicPartition("dst_a", 0, 5)]).values():
+            f.result(30)
+        return held
+    monkeypatch.setattr(coverage, "extents", then_delete)
+    r = verify_here("--bootstrap", dst.bootstrap, "--prefix", "dst_", "--format", "native")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "dst_a[0]: read from offset 5, but it held records from offset 0 when the audit " \
+        "began: offsets 0..4 not read (5 offsets;" in r.stderr, r.stderr[-3000:]
+
 
 def test_verify_command_prints_the_table_and_exits_1_when_records_are_missing(brokers,
-                                                                            broker_kind,
-                                                                            tmp_path):
-    """On Apache Kafka through Spark's own connector (--format native: the session fetches
-    and loads it), on Tansu through the Python source."""
+                                                                            tmp_path,
+                                                                            verify_here):
+    """Through Spark's own connector on both brokers (given the ends a consumer found, it reads
+    Tansu to the end too). In this process on the shared session: the command as a process of
+    its own runs in test_digests (the docs' examples, on both brokers)."""
     src, dst = brokers
     plant(dst.bootstrap)
     create_topic(src.bootstrap, "b", 1)  # the source of dst_b, for the comparison
     produce(src.bootstrap, "b", [{"value": b"b"} for _ in range(105)])
     out = tmp_path / "report.json"
     topology = write_topology(tmp_path, src.bootstrap, dst.bootstrap)  # (its key signs)
-    r = subprocess.run([sys.executable, "-m", "diode", "verify", "--bootstrap", dst.bootstrap,
-                        "--prefix", "dst_", "--heartbeat-topic", "beats", "--json", str(out),
-                        "--manifest", str(tmp_path / "manifest.json"), "--master", "local[2]",
-                        "--topology", str(topology),
-                        "--source-bootstrap", src.bootstrap,
-                        "--format", "native" if broker_kind == "kafka" else "python"],
-                       capture_output=True, text=True, timeout=300)
+    r = verify_here("--bootstrap", dst.bootstrap, "--prefix", "dst_", "--heartbeat-topic",
+                    "beats", "--json", out, "--manifest", tmp_path / "manifest.json",
+                    "--master", "local[2]", "--topology", topology,
+                    "--source-bootstrap", src.bootstrap, "--format", "native")
     assert r.returncode == 1, r.stderr[-3000:]
     assert "a[0]" in r.stdout and "3..4, 15..15, 20..22" in r.stdout
     # b[0] holds offsets 0..104 at the source; the destination has only 100..104
