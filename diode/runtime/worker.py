@@ -254,12 +254,12 @@ def _die_with_parent() -> None:
         pass
 
 
-def run(spec: WorkerSpec, topology: Topology, run_dir: str, secrets: KeySlot,
+def run(spec: WorkerSpec, topology: Topology, run_dir: str, keys: KeySlot,
         heartbeats: Heartbeats, slot: int, parent_pid: int, inherited: dict,
         incarnation: int = 1) -> None:
     """Child process entry point. Never returns. `inherited`: per stage type, what its
-    `prepare` made; this worker keeps its own stage's and closes the rest. `secrets`: the
-    supervisor's keys, read again on SIGHUP."""
+    `prepare` made; this worker keeps its own stage's and closes the rest. `keys`: where the
+    supervisor puts its keys, read at start and again on SIGHUP."""
     code = 1
     try:
         mine = {}
@@ -269,7 +269,7 @@ def run(spec: WorkerSpec, topology: Topology, run_dir: str, secrets: KeySlot,
                     mine[name] = resource
                 else:
                     resource.close()
-        code = _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, mine,
+        code = _run(spec, topology, run_dir, keys, heartbeats, slot, parent_pid, mine,
                     incarnation)
     except BaseException as exc:
         known = isinstance(exc, DiodeError)  # a condition we explain, not a bug: no traceback
@@ -312,7 +312,7 @@ def start_failure(run_dir: str, spec: WorkerSpec) -> str:
     return reason
 
 
-def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherited,
+def _run(spec, topology, run_dir, keys, heartbeats, slot, parent_pid, inherited,
          incarnation) -> int:
     flags = {"stop": False, "rewind": False, "reload": False}
 
@@ -347,7 +347,7 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherit
                       if topology.supervisor.metrics_textfile else None,
                       prometheus_dir=prometheus_dir(run_dir, spec.side) if exported else None)
     ctx = zmq.Context()
-    context = StageContext(topology, spec, run_dir, secrets.read(), ctx, metrics, incarnation,
+    context = StageContext(topology, spec, run_dir, keys.read(), ctx, metrics, incarnation,
                            inherited)
     stage = stage_class(spec.stage)(context)
     proc = psutil.Process()
@@ -374,7 +374,7 @@ def _run(spec, topology, run_dir, secrets, heartbeats, slot, parent_pid, inherit
                 stage.rewind()
             if flags["reload"]:
                 flags["reload"] = False
-                context.secrets = secrets.read()
+                context.secrets = keys.read()
                 stage.reload()
             began = time.monotonic()
             if not stage.step():
