@@ -83,7 +83,9 @@ def read_group_offsets(admin, patterns, wanted: Callable[[str], bool],
     listed = admin.list_consumer_groups(request_timeout=timeout).result(timeout + 5)
     if listed.errors:
         # (a broker that could not list its groups: the others' are not the whole answer)
-        raise listed.errors[0]  # (a KafkaException)
+        # (a KafkaError, which is not a KafkaException: raised as one, so that the caller's
+        # `except KafkaException` tries again later rather than its thread dying)
+        raise KafkaException(listed.errors[0])
     ids = sorted(g.group_id for g in listed.valid
                  if any(p.fullmatch(g.group_id) for p in patterns))
     if len(ids) > MAX_GROUPS:

@@ -5,10 +5,17 @@ and the checkpoint records."""
 import bisect
 import json
 import random
+import re
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from diode.accounting import tickets
 from diode.kafka import identity
-from diode.kafka.groups import checkpoint_record, provenance, translate_from
+from diode.kafka.groups import (checkpoint_record, provenance, read_group_offsets,
+                                translate_from)
 
 X, OLD, NEW = b"\x0a" * 16, b"\x01" * 16, b"\x0b" * 16  # the wanted incarnation, and two others
 
@@ -162,3 +169,16 @@ def test_a_checkpoint_names_the_group_both_sides_and_the_incarnation():
     # a later checkpoint of the same group and partition has the same key (compaction keeps it)
     assert checkpoint_record("g", "t", 2, 900, "dst_t", 2, 950, X)[0] == key
     assert checkpoint_record("g", "t", 3, 900, "dst_t", 3, 950, X)[0] != key
+
+
+def test_a_cluster_that_cannot_list_its_groups_yet_is_an_error_its_caller_retries():
+    """A broker whose group coordinator is still loading answers ListConsumerGroups with
+    COORDINATOR_LOAD_IN_PROGRESS, which the admin client hands back as a KafkaError (not an
+    exception): it must come out as the KafkaException the metadata watcher catches and tries
+    again after, not end the watcher's thread (seen on a freshly started Apache Kafka)."""
+    listed = Future()
+    listed.set_result(SimpleNamespace(valid=[], errors=[
+        KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS)]))
+    admin = SimpleNamespace(list_consumer_groups=lambda request_timeout: listed)
+    with pytest.raises(KafkaException, match="COORDINATOR_LOAD_IN_PROGRESS|load in progress"):
+        read_group_offsets(admin, [re.compile("app")], lambda topic: True)
