@@ -119,6 +119,8 @@ class Stage(BaseStage):
         kafka = client_settings(self.t, "receiver")
         self.input = transport.pull(ctx.zmq, ctx.bound("in"), ctx.hwm)
         self.kafka = kafka
+        # (what an alert compares diode_ticket_oldest_age_seconds with)
+        self.metrics.set("resend_horizon_seconds", r.resend_horizon_ms / 1000)
         self.producer = Producer(producer_config(kafka, **{
             # Records come in bursts of datagrams, not in a tight loop: a longer linger than
             # a relay needs fills the batches (the destination broker spent 8-11 µs per 100-byte

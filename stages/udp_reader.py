@@ -137,6 +137,8 @@ class Stage(BaseStage):
         self.journal = open_journal(self.t)
         if self.journal is not None:
             self.journal.start_syncing()  # (an fsync must not stop the socket being read)
+            # (what an alert divides diode_journal_bytes by)
+            self.metrics.set("journal_max_bytes", self.journal.max_bytes)
         self.dir = self.t.resolve(self.t.receiver.journal_dir)
         self.end = self.journal.end if self.journal else 0   # next position
         self.cursor = self.end            # next position to forward

@@ -22,8 +22,15 @@ PR_SET_PDEATHSIG = 1
 READY = "serving metrics on"
 
 
+# The supervisor's worker states (diode.runtime.supervisor.State's values), each a series of
+# diode_worker_state: 1 for the state the worker is in, 0 for the others, so that an alert can
+# ask for a state (state="backoff") without knowing which ones exist.
+STATES = ("stopped", "starting", "running", "backoff", "stopping", "exited", "fatal")
+
+
 class SupervisorCollector:
-    """diode_worker_up and diode_worker_restarts_total from the supervisor's status file."""
+    """diode_worker_up, diode_worker_state and diode_worker_restarts_total from the
+    supervisor's status file."""
 
     def __init__(self, status: str, side: str):
         self.status, self.side = status, side
@@ -37,6 +44,9 @@ class SupervisorCollector:
         labels = ["side", "stage", "index"]
         up = GaugeMetricFamily("diode_worker_up", "1 while the worker runs, 0 while it starts, "
                                "waits for a restart, has stopped or was given up on", labels=labels)
+        state = GaugeMetricFamily("diode_worker_state", "1 for the supervisor's state of the "
+                                  "worker (label state), 0 for the others",
+                                  labels=[*labels, "state"])
         restarts = CounterMetricFamily("diode_worker_restarts", "Times the supervisor started "
                                        "the worker again", labels=labels)
         for w in workers:
@@ -44,8 +54,11 @@ class SupervisorCollector:
                 continue
             values = [w["side"], w["stage"], str(w["index"])]
             up.add_metric(values, 1.0 if w["state"] == "running" else 0.0)
+            for s in STATES:
+                state.add_metric([*values, s], 1.0 if w["state"] == s else 0.0)
             restarts.add_metric(values, float(w["restarts"]))
         yield up
+        yield state
         yield restarts
 
 

@@ -134,6 +134,8 @@ CATALOG = {
     "journal_bytes": Metric("gauge", ("udp_reader",), "Size of the receive journal"),
     "journal_unforwarded_bytes": Metric("gauge", ("udp_reader",), "Journaled, not yet "
                                         "forwarded (the unpackers and writers are behind)"),
+    "journal_max_bytes": Metric("gauge", ("udp_reader",), "The journal's bound "
+                                "(receiver.journal.max.bytes; 0 without a journal)"),
     "journal_full": Metric("gauge", ("udp_reader",), "1 while the journal is at its limit"),
     "journal_failing": Metric("gauge", ("udp_reader",), "1 while the journal cannot be "
                               "written"),
@@ -173,6 +175,9 @@ CATALOG = {
                            "ranges not yet filled or expired (diode tickets)"),
     "ticket_oldest_age_seconds": Metric("gauge", ("kafka_writer",), "Age of the oldest open "
                                         "resend ticket (0: none open)"),
+    "resend_horizon_seconds": Metric("gauge", ("kafka_writer",), "receiver.resend.horizon.ms "
+                                     "in seconds: a ticket older than this has waited past "
+                                     "the horizon its range is judged at risk by"),
     "tickets_closed": Metric("counter", ("kafka_writer",), "Resend tickets closed, by reason: "
                              "filled (every record arrived), expired (the source deleted what "
                              "was left), untracked (past the open tickets kept per partition)",
@@ -217,6 +222,10 @@ CATALOG = {
                            "stage contract: never more than about 0.1 s; a step over 1 s is "
                            "logged as a warning)", buckets=STEP_BUCKETS),
     "worker_up": Metric("gauge", ("supervisor",), "1 while the worker runs"),
+    "worker_state": Metric("gauge", ("supervisor",), "1 for the worker's state in the "
+                           "supervisor (label state: stopped, starting, running, backoff, "
+                           "stopping, exited, fatal), 0 for the others. A FATAL worker stops "
+                           "the launch: its state is served while the launch drains"),
     "worker_restarts": Metric("counter", ("supervisor",), "Times the supervisor restarted "
                               "the worker"),
 }

@@ -237,6 +237,8 @@ class Supervisor:
                 if w.state is State.FATAL:
                     log.error("%s %s: giving up; stopping the launch. Its log lines above say "
                               "more.", w.spec.name, w.message)
+                    # (the metrics endpoint serves it while the launch drains: an alert's)
+                    launches.write_status(self.run_dir, self.status())
                     return 1
                 if w.state in (State.BACKOFF, State.EXITED) and w.restart_at is not None \
                         and now >= w.restart_at:

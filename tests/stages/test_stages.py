@@ -549,3 +549,16 @@ def test_a_writer_whose_producer_queue_is_full_waits_instead_of_spinning(zctx):
     assert steps < 200, f"{steps} steps in 0.5 s: the loop spins on a full queue"
     assert time.process_time() - cpu < 0.25
     w.close()
+
+
+def test_the_receiver_exports_the_bounds_its_alerts_compare_with(zctx):
+    """DiodeJournalFull divides diode_journal_bytes by the journal's bound, and
+    DiodeTicketPastHorizon compares the oldest ticket's age with the resend horizon: each stage
+    exports its setting, as the topology gives it."""
+    t = topology(unpacker=1, kafka_writer=1)
+    r = make_stage(zctx, t, "receiver", "udp_reader")
+    assert r.metrics.get("journal_max_bytes") == t.receiver.journal_max_bytes == 1 << 30
+    r.close()
+    w = make_stage(zctx, t, "receiver", "kafka_writer")
+    assert w.metrics.get("resend_horizon_seconds") == 86400  # receiver.resend.horizon.ms 24 h
+    w.close()

@@ -138,3 +138,27 @@ def test_a_silent_starting_worker_is_killed_and_that_is_a_failed_start(superviso
     supervisor._exited(w, -9)
     assert (w.state, w.message) == (S.BACKOFF, "failed to start: no heartbeat for 60 s while "
                                                "starting")
+
+
+def test_a_fatal_worker_is_served_as_fatal_by_the_metrics_endpoint_while_the_launch_drains(
+        supervisor):
+    """The supervisor's loop gives up on a FATAL worker at once; the status it leaves for the
+    drain names that worker fatal, and the side's endpoint serves it as diode_worker_state
+    (what the DiodeWorkerFatal alert reads)."""
+    from diode.runtime.exporter import STATES, SupervisorCollector
+    from diode.runtime.launches import STATUS_FILE
+    assert STATES == tuple(s.value for s in State)  # every state has its series
+    w = writer(supervisor)
+    for _ in range(3):  # start.retries 2: the third failed start is FATAL
+        started(supervisor, w)
+        supervisor._exited(w, 1)
+    w.pid = 0  # (reaped)
+    assert supervisor._watch() == 1
+    served = {(s.labels["stage"], s.labels["state"]): s.value
+              for family in SupervisorCollector(os.path.join(supervisor.run_dir, STATUS_FILE),
+                                                "receiver").collect()
+              if family.name == "diode_worker_state" for s in family.samples}
+    assert served[("kafka_writer", "fatal")] == 1
+    assert served[("kafka_writer", "running")] == 0
+    assert sum(v for (stage, _), v in served.items() if stage == "kafka_writer") == 1
+    assert served[("unpacker", "stopped")] == 1  # (never started here)
