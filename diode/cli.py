@@ -86,83 +86,6 @@ def cmd_launch(args) -> int:
     return Supervisor(t, sides, args.run_dir).run()
 
 
-def cmd_resend(args) -> int:
-    """Send exactly the manifest's ranges again through the sender pipeline, then exit. Offsets
-    mean something only within one incarnation of a topic (diode.kafka.identity): an entry
-    whose topicId names another than the source's current one is refused (its offsets hold
-    other records now, or none); one without (a manifest of a diode older than topic ids) is
-    sent unchecked. A link with a cipher takes only a manifest signed with its key (`diode
-    tickets --manifest`, `diode verify --manifest --topology`): one altered, widened or forged
-    is refused whole. Exit 1 when any entry was refused."""
-    import json
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
-    from diode.kafka import identity
-    from diode.kafka.clients import admin_config, consumer_config
-    from diode.kafka.refresh import topic_ids
-    from diode.runtime.supervisor import Supervisor
-    from diode.ticket_command import manifest_problem
-    log = logging.getLogger("diode")
-    t = topo.load(args.topology)
-    try:
-        manifest = json.loads(open(args.manifest).read())
-        problem = manifest_problem(t, manifest)
-        if problem:
-            raise DiodeError(f"{args.manifest} is refused, nothing resent: {problem}")
-        entries = []  # (topic, partition, incarnation or None, ranges)
-        for entry in manifest["missing"]:
-            said = entry.get("topicId")
-            inc = None if said is None else identity.parse(str(said))
-            if said is not None and inc is None:
-                raise ValueError(f"topicId {said!r} is not a topic id")
-            # (all zero: records whose incarnation the sender could not name, unchecked)
-            entries.append((str(entry["topic"]), int(entry["partition"]),
-                            None if inc == identity.NO_INCARNATION else inc,
-                            [[int(a), int(b)] for a, b in entry["ranges"]]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise DiodeError(f"{args.manifest} is not a resend manifest: {exc}") from None
-    named = sorted({topic for topic, _, said, _ in entries if said is not None})
-    try:
-        current = topic_ids(AdminClient(admin_config(consumer_config(t))), named) \
-            if named else {}
-    except KafkaException as exc:
-        raise DiodeError(f"cannot read the source topics' ids, to check that the manifest's "
-                         f"ranges are of their current incarnation: {exc}") from None
-    ranges, refused, unchecked = {}, {}, set()
-    for topic, partition, said, spans in entries:
-        now = current.get(topic)
-        if said is None or now == identity.NO_INCARNATION:
-            unchecked.add(topic)  # (a broker without topic ids cannot tell either)
-        elif said != now:
-            refused.setdefault((topic, said, now), []).append(partition)
-            continue
-        ranges.setdefault((topic, partition), []).extend(spans)
-    if unchecked:
-        log.warning("resending ranges of %s unchecked: no topic id to tell whether they are of "
-                    "the topic's current incarnation (a manifest of a diode older than topic "
-                    "ids, or a source broker without them)", ", ".join(sorted(unchecked)))
-    problems = []
-    for (topic, said, now), parts in sorted(refused.items(), key=lambda kv: kv[0][:2]):
-        where = (f"{topic} partition(s) {', '.join(map(str, sorted(parts)))}: the manifest "
-                 f"names topic id {identity.text(said)}")
-        problems.append(f"{where}, the source cluster's {topic} is topic id "
-                        f"{identity.text(now)}: another incarnation, whose offsets hold other "
-                        "records; not resent" if now is not None else
-                        f"{where}, and the source cluster has no topic {topic} now; not resent")
-    if problems and not ranges:
-        raise DiodeError("nothing resent:\n  " + "\n  ".join(problems))
-    for problem in problems:
-        log.error("%s", problem)
-    if not ranges:
-        print("nothing to resend", file=sys.stderr)
-        return 0
-    # its own processes and run directory beside a running sender; its brokers already run
-    t = dataclasses.replace(t, sender=dataclasses.replace(t.sender, resend=ranges), brokers=[],
-                            supervisor=dataclasses.replace(t.supervisor, run_dir=""))
-    code = Supervisor(t, ("sender",), args.run_dir).run()
-    return code or (1 if problems else 0)
-
-
 def cmd_docs(args) -> int:
     if args.metrics:
         from diode.runtime import metrics
@@ -278,18 +201,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "flow started anew")
     p.set_defaults(func=cmd_launch)
 
-    p = sub.add_parser("resend", help="on the high side: send a resend manifest's missing "
-                       "ranges again (from diode verify or the missing-records topic); those of "
-                       "another incarnation than the source topic's current one are refused")
-    p.add_argument("manifest", help="JSON: {\"missing\": [{\"topic\", \"partition\", "
-                   "\"topicId\", \"ranges\", \"tickets\"}, …], \"auth\": …} signed with the "
-                   "link's key (docs/verification.md)")
-    p.add_argument("--topology", required=True,
-                   help="the sender's topology file (its pipeline sends, its key checks "
-                   "the manifest)")
-    p.add_argument("--run-dir", help="directory for ipc endpoints and metrics")
-    p.set_defaults(func=cmd_resend)
-
     p = sub.add_parser("docs", help="print the topology reference (docs/topology.md)")
     p.add_argument("--metrics", action="store_true",
                    help="the metrics reference instead (docs/metrics.md)")
@@ -327,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_parser(sub)
     from diode import ticket_command
     ticket_command.add_parser(sub)
+    from diode import resend
+    resend.add_parser(sub)
     parser.subcommands = sub
     return parser
 

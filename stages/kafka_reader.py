@@ -1,6 +1,6 @@
 """kafka_reader: reads the source topics with manual assignment and commits what was sent.
 
-Each reader owns a fixed share of the source partitions (diode.kafka.clients.TopicSelector) and
+Each reader owns a fixed share of the source partitions (diode.kafka.clients.replicated) and
 looks for new topics and partitions every refresh.topics.interval.seconds, from a thread
 (diode.kafka.refresh): a slow source cluster never holds up the loop or its heartbeats. What one
 consume call returns goes to a packer as one message: a run per partition (diode.link.runs,
@@ -39,7 +39,7 @@ from diode.accounting.digests import (Digest, Digester, message_hashes, new_rang
 from diode.link import runs
 from diode.runtime import transport
 from diode.kafka import identity, lineage
-from diode.kafka.clients import TopicSelector, admin_config, consumer_config
+from diode.kafka.clients import admin_config, consumer_config, replicated
 from diode.kafka.metadata import MetadataWatcher, Sent
 from diode.kafka.refresh import PartitionWatcher, topic_ids
 from diode.kafka.offsets import SentTracker
@@ -63,10 +63,7 @@ class Stage(BaseStage):
         # sender.schemas: the registry's topic is one more named topic (never a dead-letter
         # topic: the topology refuses that), read from its first record (_refresh)
         self.schemas_topic = s.schemas_topic if s.schemas else None
-        self.selector = TopicSelector(
-            [*s.topics, *([self.schemas_topic] if self.schemas_topic else [])], s.topics_regex,
-            exclude=[s.dead_letter_topic] if s.dead_letter_topic else [],
-            index=self.ctx.spec.index, readers=self.ctx.instances("kafka_reader"))
+        self.selector = replicated(s, self.ctx.spec.index, self.ctx.instances("kafka_reader"))
         self.consumer = Consumer({**consumer_config(self.t), "on_commit": self._committed,
                                   "enable.partition.eof": s.resend is not None})
         self.acks = transport.pull(self.ctx.zmq, self.ctx.bound("acks"), self.ctx.hwm * 16)

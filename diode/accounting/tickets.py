@@ -4,8 +4,10 @@ deleted it: expired).
 
 A ticket's id is stable: a hash of the source identity (the topic id of the source partition's
 incarnation), the topic, the partition and the range's first and last offsets, so that every
-report of the same range, before and after a restart, names the same ticket, and a manifest
-whose range was widened no longer matches its id.
+report of the same range, before and after a restart, names the same ticket. The hash is not
+keyed: anyone can compute the id of any range. So a manifest range that is not its ticket's
+(out_of_bounds) is a manifest edited without recomputing the ids, not proof of anything against
+a holder of the link's key, who can recompute them, or leave them out.
 
 The receiver's writers say everything about tickets on the missing-records topic (the event
 `missing` opens one, `closed` closes it), so `diode tickets` on the low side folds that topic
@@ -13,8 +15,10 @@ The receiver's writers say everything about tickets on the missing-records topic
 HMAC-SHA256 under a key derived by HKDF from the link's master key with a label of its own. The
 link's key is already on both hosts, so nothing new is distributed; an Ed25519 pair would let
 the high side check without being able to sign, but the high side holds the link's key anyway
-(it seals every datagram), so it would prove nothing more. Pure, apart from the clock's value
-passed in.
+(it seals every datagram), so it would prove nothing more. What a check proves is that a holder
+of the link's key made the manifest and that it was not changed since: the low side holds that
+key, so whoever holds it there can write any manifest (docs/verification.md says what limits
+one). Pure, apart from the clock's value passed in.
 """
 
 import hashlib
@@ -128,7 +132,7 @@ def sign(manifest: dict, master: bytes, key_id: int) -> dict:
 
 def check(manifest: dict, keys: dict) -> str | None:
     """Why the manifest is not authentic under one of `keys` (key id -> master key), or None
-    when it is. Every range of an entry that names tickets must also match its ticket id."""
+    when it is: made by a holder of one of those keys, and not changed since."""
     auth = manifest.get("auth")
     if not isinstance(auth, dict) or auth.get("alg") != "HMAC-SHA256":
         return "it is not signed (no HMAC-SHA256 auth): write it with `diode tickets " \
@@ -139,13 +143,29 @@ def check(manifest: dict, keys: dict) -> str | None:
         return f"it is signed with link key id {key_id!r}, which this topology does not hold"
     if not isinstance(mac, str) or not hmac.compare_digest(_mac(manifest, master, key_id), mac):
         return "its MAC does not match: it was altered, or signed with another link's key"
+    return None
+
+
+def out_of_bounds(manifest: dict) -> list[str]:
+    """The ranges of a manifest's entries that name tickets which are not exactly the range of
+    the ticket they came from, one line each: an entry that names tickets names one per range,
+    and a ticket's id names exactly one range. (An entry of `diode verify` names none.)"""
+    problems = []
     for entry in manifest.get("missing", []):
-        for (first, last), tid in zip(entry.get("ranges", []), entry.get("tickets", []) or []):
+        ids = entry.get("tickets")
+        if ids is None:
+            continue
+        where = f"{entry['topic']}[{entry['partition']}]"
+        ranges = entry.get("ranges", [])
+        if len(ids) != len(ranges):
+            problems.append(f"{where}: {len(ranges)} range(s) but {len(ids)} ticket(s); each "
+                            "range must name the ticket it came from")
+        for (first, last), tid in zip(ranges, ids):
             if tid != ticket_id(entry.get("topicId"), entry["topic"], entry["partition"],
                                 first, last):
-                return f"ticket {tid} does not name {entry['topic']}[{entry['partition']}] " \
-                       f"{first}..{last}"
-    return None
+                problems.append(f"{where} {first}..{last} is not the range of its ticket {tid} "
+                                "(wider than the range reported missing, or another)")
+    return problems
 
 
 def manifest_of(tickets: list, now_ms: int, topology: str) -> dict:

@@ -56,23 +56,32 @@ def admin_config(kafka: dict) -> dict:
 
 
 class TopicSelector:
-    """Which source partitions a reader owns: topics by name or regex, split among readers."""
+    """Which source partitions a reader owns: topics by name or regex, split among readers.
+    `exclude` names topics never selected, as a list or as {topic: why}."""
 
     def __init__(self, names, patterns, exclude=(), index: int = 0, readers: int = 1):
         self.names = set(names)
         self.patterns = [re.compile(p) for p in patterns]
-        self.exclude = set(exclude)
+        self.exclude = dict(exclude) if isinstance(exclude, dict) else \
+            dict.fromkeys(exclude, "excluded")
         self.index = index
         self.readers = readers
 
     def matches(self, topic: str) -> bool:
+        return self.why_not(topic) is None
+
+    def why_not(self, topic: str) -> str | None:
+        """Why `topic` is not selected, or None when it is."""
         if topic in self.exclude:
-            return False
+            return self.exclude[topic]
         if topic in self.names:
-            return True
-        if topic.startswith("__"):
-            return False  # internal topics are never replicated by a pattern
-        return any(p.fullmatch(topic) for p in self.patterns)
+            return None
+        if topic.startswith("__"):  # internal topics are never replicated by a pattern
+            return "an internal topic, not named in sender.topics (a pattern never selects one)"
+        if any(p.fullmatch(topic) for p in self.patterns):
+            return None
+        return "not in sender.topics" + (", and no pattern of sender.topics.regex matches it"
+                                         if self.patterns else " (sender.topics.regex is empty)")
 
     def owned(self, partition_counts: dict) -> set:
         """(topic, partition) pairs this reader owns, from topic -> partition count."""
@@ -82,6 +91,17 @@ class TopicSelector:
             for p in range(n)
             if partition_owner(topic, p, self.readers) == self.index
         }
+
+
+def replicated(s, index: int = 0, readers: int = 1) -> TopicSelector:
+    """The source topics sender settings `s` replicate, split among `readers`: sender.topics
+    (and sender.schemas.topic with sender.schemas: true) by name, sender.topics.regex by
+    pattern, never sender.dead.letter.topic. What the readers discover and send, and what
+    `diode resend` takes from a manifest (diode.resend), are both this."""
+    named = [*s.topics, *([s.schemas_topic] if s.schemas else [])]
+    exclude = {s.dead_letter_topic: "sender.dead.letter.topic: the sender's own dead letters, "
+               "never replicated"} if s.dead_letter_topic else {}
+    return TopicSelector(named, s.topics_regex, exclude, index, readers)
 
 
 def partition_counts(client, timeout: float = 5.0) -> dict:

@@ -12,7 +12,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from tests.conftest import (ROOT, client, consume, create_topic, missing_event, produce,
-                            wait_for, write_topology)
+                            source_coordinates, wait_for, write_topology)
 
 
 def test_the_receiver_knows_how_far_behind_its_source_it_is(tmp_path, start_brokers,
@@ -102,8 +102,9 @@ def test_missing_ranges_at_risk_then_expired_as_the_source_deletes_them(
         return
     admin = AdminClient(client(src.bootstrap))
 
-    def delete_below(offset):
-        for future in admin.delete_records([TopicPartition("src", 0, offset)]).values():
+    def delete_below(offset, partition=0):
+        for future in admin.delete_records([TopicPartition("src", partition,
+                                                           offset)]).values():
             future.result(30)
 
     delete_below(80)  # the log start passes 50..79 while the receiver runs
@@ -135,6 +136,32 @@ def test_missing_ranges_at_risk_then_expired_as_the_source_deletes_them(
                             capture_output=True, text=True, cwd=ROOT).stdout
     assert "0 records behind" in status
     assert "resend tickets: 1 open" in status and "0 filled, 1 expired" in status, status
+
+    # partition 1's ticket, its first 10 offsets deleted since: `diode resend --dry-run` says
+    # so, and the resend sends the 40 records left of it (the whole partition was skipped when
+    # its first range began below the log start)
+    delete_below(60, partition=1)
+    manifest = tmp_path / "manifest.json"
+    r = subprocess.run([sys.executable, "-m", "diode", "tickets", str(topo), "--manifest",
+                        str(manifest)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    tid, = {e["topicId"] for e in json.loads(manifest.read_text())["missing"]}
+
+    def resend(*extra):
+        return subprocess.run([sys.executable, "-m", "diode", "resend", str(manifest),
+                               "--topology", str(topo), "--run-dir", str(tmp_path / "resend"),
+                               *extra], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    r = resend("--dry-run")
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert f"{'src[1]':<28} {tid:<22} {'50..99':<23} {40:>8}  10 offset(s) expired (the " \
+        "source's log starts at 60)" in r.stdout.splitlines(), r.stdout
+    r = resend()
+    assert r.returncode == 1 and "resend complete" in r.stderr, r.stderr[-3000:]
+    assert "src[1]: 1 range(s) reach below the source's log start 60: 10 offset(s) expired, " \
+        "not resent" in r.stderr
+    got = consume(dst.bootstrap, "dst_src", 240, timeout=30)  # 200 written, 40 resent
+    resent = {o for _, p, o in source_coordinates(got) if p == 1 and 50 <= o < 100}
+    assert resent == set(range(60, 100))
 
 
 def produce_in_transactions(bootstrap: str, topic: str, first: int, n: int) -> None:
