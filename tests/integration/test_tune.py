@@ -55,14 +55,12 @@ def test_tune_measures_the_demo_topology_writes_the_plan_and_proves_it(tmp_path)
         (ROOT / "topology.yaml").read_text())["brokers"]
 
 
-def test_live_advice_reads_a_running_launch_found_by_its_topology(tmp_path, start_brokers,
-                                                                   monkeypatch):
+def test_live_advice_reads_a_running_launch_found_by_its_topology(tmp_path, start_brokers):
     """A launch registers itself; `diode tune --live TOPOLOGY` finds it, reads every worker's
     counters while records flow and gives each stage, on its side, its load, its cost per
     record and advice; with nothing running it says so (exit 1)."""
     from diode.soak import traffic
     from tests.conftest import Launched, create_topic, write_topology
-    monkeypatch.setenv("DIODE_STATE_DIR", str(tmp_path / "state"))
     src, dst = start_brokers("tansu", "source", "destination")
     path = write_topology(tmp_path, src.bootstrap, dst.bootstrap)
     create_topic(src.bootstrap, "src", 4)

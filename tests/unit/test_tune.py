@@ -279,12 +279,11 @@ def test_live_advice_widens_the_hot_stage_narrows_the_idle_one_and_names_the_slo
         "CPU µs per record", "records/s"))
 
 
-def test_live_finds_no_launch_and_says_so(tmp_path, monkeypatch):
+def test_live_finds_no_launch_and_says_so(tmp_path):
     from diode.errors import DiodeError
     from diode.tune import live
-    monkeypatch.setenv("DIODE_STATE_DIR", str(tmp_path))
-    with pytest.raises(DiodeError, match="no diode launch is running"):
-        live.find(None, None)
+    with pytest.raises(DiodeError, match="no diode launch is running for"):
+        live.find(str(tmp_path / "never-launched.yaml"), None)
 
 
 def test_a_machine_whose_cores_other_work_holds_at_the_limit_fits_no_rate_and_says_why():
