@@ -343,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_parser(sub)
     from diode import ticket_command
     ticket_command.add_parser(sub)
+    from diode import deploy_files
+    deploy_files.add_parser(sub)
     parser.subcommands = sub
     return parser
 

