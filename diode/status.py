@@ -3,8 +3,9 @@
 Every launch running on this host is found in the process table, whoever started it and from
 wherever (a launch of the systemd unit, run directory /run/diode/SIDE-NAME, as well as one
 started by hand), and a run directory given by name is read directly (diode.runtime.launches);
-its supervisor's status file gives every worker's state, pid, CPUs and restarts, and the workers' metrics (textfiles, or the side's
-Prometheus endpoint when the textfiles are off), read twice a moment apart, give their rates.
+its supervisor's status file gives every worker's state, pid, CPUs and restarts, and the
+workers' metrics (textfiles, or the side's Prometheus endpoint when the textfiles are off), read
+twice a moment apart, give their rates.
 Per launch: the workers (state, pid, pinned CPUs and the CPU each last ran on, restarts,
 records/s or datagrams/s, bytes/s, CPU % of one core, and why one is in backoff, exited or
 fatal), per side the records it counted since its workers started and a second (read and sent
