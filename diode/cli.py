@@ -162,14 +162,30 @@ class VersionAction(argparse.Action):
         parser.exit()
 
 
+def add_common(parser: argparse.ArgumentParser, default=False) -> None:
+    """The options every command takes, before its name or after it."""
+    parser.add_argument("-v", "--verbose", action="store_true", default=default,
+                        help="debug logging")
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser: it takes the common options too (`diode status -v` as `diode -v
+    status`). Left out, they keep what was given before the command's name (argparse would
+    otherwise set a command's defaults over it)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        add_common(self, default=argparse.SUPPRESS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every `diode` command and its options."""
     from diode.runtime.preflight import CLUSTER_TIMEOUT_SECONDS
     parser = argparse.ArgumentParser(prog="diode", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_common(parser)
     parser.add_argument("--version", action=VersionAction,
                         help="print the installed version and exit")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
 
     p = sub.add_parser("check", help="validate a topology, check what a launch of it needs on "
                        "this host, and print the plan (exit 2: invalid, or a launch would fail)")
@@ -240,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     ticket_command.add_parser(sub)
     from diode import resend
     resend.add_parser(sub)
+    from diode import deploy_files
+    deploy_files.add_parser(sub)
     parser.subcommands = sub
     return parser
 

@@ -1,8 +1,11 @@
 """`diode status [TOPOLOGY]`: the running launches at a glance.
 
-Each launch registers itself (diode.runtime.launches); its supervisor's status file gives every
-worker's state, pid, CPUs and restarts, and the workers' metrics (textfiles, or the side's
-Prometheus endpoint when the textfiles are off), read twice a moment apart, give their rates.
+Every launch running on this host is found in the process table, whoever started it and from
+wherever (a launch of the systemd unit, run directory /run/diode/SIDE-NAME, as well as one
+started by hand), and a run directory given by name is read directly (diode.runtime.launches);
+its supervisor's status file gives every worker's state, pid, CPUs and restarts, and the
+workers' metrics (textfiles, or the side's Prometheus endpoint when the textfiles are off), read
+twice a moment apart, give their rates.
 Per launch: the workers (state, pid, pinned CPUs and the CPU each last ran on, restarts,
 records/s or datagrams/s, bytes/s, CPU % of one core, and why one is in backoff, exited or
 fatal), per side the records it counted since its workers started and a second (read and sent
@@ -13,8 +16,10 @@ destination (backlog, journal), the missing
 ranges reported in the last hour, the resend tickets (open, the oldest's age, closed and the mean
 time to repair), per source topic how far behind it the receiver is, what it
 still holds and the missing records at risk, and per source partition the incarnations (topic
-ids) the receiver holds state for, as of its writers' last checkpoints. Exit 1 when nothing runs
-(`--json` prints `[]` then, so a script reads one shape either way).
+ids) the receiver holds state for, as of its writers' last checkpoints. A launch whose run
+directory this user may not read is shown with where it runs and why no more. Exit 1 when
+nothing runs, or a run directory named has no launch running (`--json` prints `[]` when
+nothing runs, so a script reads one shape either way).
 """
 
 import json
@@ -121,6 +126,8 @@ def launch_status(entry: dict, before: dict, after: dict, topology=None) -> dict
     """What `diode status` shows of one launch, from two snapshots (and its topology's
     checkpoints)."""
     import psutil
+    if entry.get("unreadable"):
+        return unreadable(entry)
     dt = max(1e-6, after["t"] - before["t"])
     status = launches.read_status(entry["run_dir"]) or {}
     workers = []
@@ -198,6 +205,22 @@ def launch_status(entry: dict, before: dict, after: dict, topology=None) -> dict
     }
 
 
+def unreadable(entry: dict) -> dict:
+    """What can be shown of a launch whose run directory this user may not read: where it
+    runs and how to see more."""
+    try:
+        group = f" ({Path(entry['run_dir']).group()})"
+    except (OSError, KeyError):
+        group = ""
+    return {"pid": entry["pid"], "topology": entry["topology"], "name": entry["name"],
+            "sides": entry["sides"], "run_dir": entry["run_dir"],
+            "up_seconds": round(time.time() - entry["started"]), "workers": [],
+            "unreadable": f"{entry['unreadable']}: run diode status as root, or as a member "
+                          f"of the run directory's group{group}",
+            **dict.fromkeys(("keys", "link", "destination", "tickets", "missing_last_hour",
+                             "source", "metadata", "source_state", "sender", "receiver"))}
+
+
 def _age(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     h, m = divmod(m, 60)
@@ -205,10 +228,13 @@ def _age(seconds: float) -> str:
 
 
 def render(s: dict) -> str:
-    lines = [f"{s['name']} ({s['topology']}): {'+'.join(s['sides'])}, supervisor pid "
-             f"{s['pid']}, up {_age(s['up_seconds'])}, run dir {s['run_dir']}",
-             f"  {'worker':<26} {'state':<9} {'pid':>7} {'cpus':<7} {'on':>3} {'restarts':>8} "
-             f"{'rate':>20} {'bytes':>10} {'CPU % of one core':>17}"]
+    lines = [f"{s['name'] or Path(s['topology']).stem} ({s['topology']}): "
+             f"{'+'.join(s['sides'])}, supervisor pid {s['pid']}, up {_age(s['up_seconds'])}, "
+             f"run dir {s['run_dir']}"]
+    if s.get("unreadable"):
+        return "\n".join([*lines, f"  cannot read its run directory: {s['unreadable']}"])
+    lines.append(f"  {'worker':<26} {'state':<9} {'pid':>7} {'cpus':<7} {'on':>3} "
+                 f"{'restarts':>8} {'rate':>20} {'bytes':>10} {'CPU % of one core':>17}")
     for w in s["workers"]:
         cpus = ",".join(map(str, w["cpus"])) or "all"
         on = "-" if w["on_cpu"] is None else str(w["on_cpu"])
@@ -282,15 +308,19 @@ def render(s: dict) -> str:
 
 def main(args) -> int:
     from diode.runtime import topology as topo
-    found = launches.running(args.topology)
-    if args.run_dir:
-        found = [e for e in launches.running() if Path(e["run_dir"]) == Path(args.run_dir)]
+    found = launches.running(args.topology, args.run_dir or ())
+    idle = [d for d in args.run_dir or ()
+            if not any(Path(e["run_dir"]).resolve() == Path(d).resolve() for e in found)]
+    for run_dir in idle:
+        print(f"diode status: {launches.not_running(run_dir)}", file=sys.stderr)
     if not found:
         if args.json:
             print("[]")  # a script reads the same shape whether or not anything runs
-        print("diode status: no diode launch is running" +
-              (f" for {args.topology}" if args.topology else "") +
-              f" (launches register in {launches.state_dir()})", file=sys.stderr)
+        if not args.run_dir:
+            print("diode status: no diode launch is running" +
+                  (f" for {args.topology}" if args.topology else "") +
+                  " (none in the process table; a launch in a run directory this user cannot "
+                  "see the process of: --run-dir DIR)", file=sys.stderr)
         return 1
     topologies = {}
     for e in found:
@@ -306,14 +336,16 @@ def main(args) -> int:
         print(json.dumps(out, indent=1))
     else:
         print("\n\n".join(render(s) for s in out))
-    return 0
+    return 1 if idle else 0
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("status", help="the running launches at a glance: workers, link, "
                        "destination, missing ranges (exit 1: none runs)")
     p.add_argument("topology", nargs="?", help="only the launches of this topology file")
-    p.add_argument("--run-dir", help="only the launch with this run directory")
+    p.add_argument("--run-dir", action="append", metavar="DIR",
+                   help="only the launch running in this run directory, read there even when "
+                   "its process is not visible to this user (again for more than one)")
     p.add_argument("--seconds", type=float, default=1.0,
                    help="how long to watch for the rates (default 1)")
     p.add_argument("--json", action="store_true",

@@ -3,6 +3,7 @@ and Tansu, through diode.kafka.brokers: a test that takes `brokers` runs on each
 launched diode, and Kafka helpers that work on both (Tansu's "latest" offset is wrong,
 docs/design.md §8, so consumers read until they have what they expect)."""
 
+import contextlib
 import json
 import os
 import socket
@@ -223,6 +224,24 @@ def launch(tmp_path):
     yield start
     for d in started:
         d.kill()
+
+
+@contextlib.contextmanager
+def posing_as_launch(topology: Path, sides, run_dir: Path):
+    """This process, for the block, as a running launch of `topology` found as any is: a
+    supervisor's process title naming `run_dir`, its status file there."""
+    import setproctitle
+    title = setproctitle.getproctitle()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    setproctitle.setproctitle(launches.supervisor_title(sides, str(topology), str(run_dir)))
+    launches.write_status(str(run_dir), {
+        "pid": os.getpid(), "topology": str(Path(topology).resolve()), "name": "posing",
+        "sides": list(sides), "run_dir": str(run_dir.resolve()), "started": time.time(),
+        "workers": []})
+    try:
+        yield
+    finally:
+        setproctitle.setproctitle(title)
 
 
 # -- Kafka helpers -------------------------------------------------------------------------------

@@ -1,12 +1,15 @@
 """Where running `diode launch`es can be found, what their supervisors and workers say, and
 how a program runs one.
 
-Each supervisor registers itself in a state directory (`$DIODE_STATE_DIR`, else
-`$XDG_RUNTIME_DIR/diode`, else `/tmp/diode-<uid>`): one small JSON file per launch naming its
-pid, topology, sides and run directory, removed when it stops. In its run directory it keeps
-`supervisor.json`, rewritten about once a second: every worker's state, pid, CPUs and
-restarts. Beside it, `metrics/` holds each worker's own metrics (diode.runtime.metrics), read
-by `worker_metrics` here and nowhere else. `diode status` and `diode tune --live` read them;
+A supervisor keeps `supervisor.json` in its run directory, rewritten about once a second: its
+pid, topology, sides, run directory and start, and every worker's state, pid, CPUs and
+restarts. Its process title names its run directory (`supervisor_title`), so whoever can see
+the process table finds every running launch, whoever started it, from wherever, with whatever
+environment: a launch of the systemd unit (run directory /run/diode/SIDE-NAME) as well as one
+started by hand, whatever the HOME or working directory of either. A run directory given by
+name is read directly (`running(run_dirs=...)`): its supervisor.json, fresh and naming a live
+pid. Beside it, `metrics/` holds each worker's own metrics (diode.runtime.metrics), read by
+`worker_metrics` here and nowhere else. `diode status` and `diode tune --live` read them;
 nothing here is needed for the pipeline to run.
 
 `Launch` is `diode launch` as a child process, the one way the soak, `diode tune`, the bench,
@@ -20,7 +23,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,48 +31,55 @@ from diode.runtime import files
 
 log = logging.getLogger("diode.runtime.launches")
 STATUS_FILE = "supervisor.json"
+STATUS_FRESH_SECONDS = 10.0  # a live supervisor rewrites its status file about once a second
 METRICS_DIR = "metrics"  # in a run directory: <side>-<stage>-<index>.prom per worker
 # a worker's process title (diode.runtime.worker): "diode: receiver/unpacker-0"
 WORKER_TITLE = re.compile(r"diode: ((?:sender|receiver)/[a-z_]+-\d+)")
+# a supervisor's: "diode: supervisor receiver (/etc/diode/plant1.yaml, run dir
+# /run/diode/receiver-plant1)"; the run directory absolute
+SUPERVISOR_TITLE = re.compile(r"diode: supervisor ([a-z+]+) \((.*), run dir (/.*)\)")
 
 
-def state_dir(environ=None) -> Path:
-    """Where launches register: as a process with `environ` (default: this one's) sees it."""
-    environ = os.environ if environ is None else environ
-    if environ.get("DIODE_STATE_DIR"):
-        return Path(environ["DIODE_STATE_DIR"])
-    if environ.get("XDG_RUNTIME_DIR"):
-        return Path(environ["XDG_RUNTIME_DIR"]) / "diode"
-    return Path(tempfile.gettempdir()) / f"diode-{os.getuid()}"
+def supervisor_title(sides, topology_path: str, run_dir: str) -> str:
+    """The process title of a supervisor of `sides` running `topology_path` in `run_dir`: what
+    `running` finds it by (and what `ps` shows)."""
+    return (f"diode: supervisor {'+'.join(sides)} ({os.path.abspath(topology_path)}, run dir "
+            f"{os.path.abspath(run_dir)})")
 
 
-def register(topology_path: str, name: str, sides: tuple, run_dir: str) -> Path | None:
-    """Record this process as a running launch; its file's path (None if the state directory
-    cannot be written: the launch runs anyway, it just cannot be found)."""
-    d = state_dir()
+def _title(proc) -> str:
+    """A process's title (its command line as `ps` shows it); "" when it cannot be read."""
+    words = proc.info.get("cmdline") if hasattr(proc, "info") else proc.cmdline()
+    return " ".join(words or ()).strip()
+
+
+def entry_of(proc) -> dict | None:
+    """The running launch whose supervisor is `proc` (a psutil.Process): its pid, topology,
+    name, sides, run_dir and started (a time.time()), from its status file; None when `proc`
+    is not a supervisor or has not written its status file yet. A status file this user may
+    not read gives what the title says, with `unreadable` saying why."""
+    import psutil
     try:
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path = _registration(d, os.getpid())
-        # replaced whole, a reader never sees half of it; no fsync: it describes a running
-        # process, which a power loss ends anyway
-        files.replace_json(path, {"pid": os.getpid(), "topology": os.path.abspath(topology_path),
-                                  "name": name, "sides": list(sides), "run_dir": run_dir,
-                                  "started": time.time()}, sync=False)
-        return path
-    except OSError:
-        return None
-
-
-def _registration(directory: Path, pid: int) -> Path:
-    return directory / f"launch-{pid}.json"
-
-
-def unregister(path: Path | None) -> None:
-    if path is not None:
+        m = SUPERVISOR_TITLE.fullmatch(_title(proc))
+        if m is None:
+            return None
+        sides, topology, run_dir = m.group(1).split("+"), m.group(2), m.group(3)
         try:
-            path.unlink()
-        except OSError:
-            pass
+            status = json.loads((Path(run_dir) / STATUS_FILE).read_text())
+        except PermissionError as exc:
+            return {"pid": proc.pid, "topology": topology, "name": None, "sides": sides,
+                    "run_dir": run_dir, "started": proc.create_time(),
+                    "unreadable": f"{exc.strerror}: {exc.filename}"}
+        except (OSError, ValueError):
+            return None  # (starting: its first status file is written at once)
+    except psutil.Error:
+        return None  # (it exited meanwhile, or is hidden from this user)
+    return _entry(status) if status.get("pid") == proc.pid else None
+
+
+def _entry(status: dict) -> dict:
+    return {k: status.get(k) for k in ("pid", "topology", "name", "sides", "run_dir",
+                                       "started")}
 
 
 def _alive(pid: int) -> bool:
@@ -80,25 +89,61 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        return True  # (another user's)
 
 
-def running(topology: str | None = None) -> list[dict]:
-    """The launches running now, oldest first; those of `topology` (a path) only, if given.
-    Files left by launches that died without removing them are removed."""
+def at(run_dir) -> dict | None:
+    """The launch running in `run_dir`, from its status file alone: one written in the last
+    STATUS_FRESH_SECONDS by a pid that is alive (a process table hidden from this user, or a
+    supervisor's title it could not set, do not hide it); else None."""
+    try:
+        path = Path(run_dir) / STATUS_FILE
+        status = json.loads(path.read_text())
+        fresh = time.time() - path.stat().st_mtime < STATUS_FRESH_SECONDS
+    except (OSError, ValueError):
+        return None
+    if not (fresh and isinstance(status.get("pid"), int) and _alive(status["pid"])):
+        return None
+    return _entry({**status, "run_dir": status.get("run_dir") or os.path.abspath(run_dir)})
+
+
+def not_running(run_dir) -> str:
+    """Why no launch is running in `run_dir`, for an operator who named it."""
+    path = Path(run_dir) / STATUS_FILE
+    try:
+        status = json.loads(path.read_text())
+        written = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(path.stat().st_mtime))
+    except FileNotFoundError:
+        return (f"{run_dir}: no launch's status file ({STATUS_FILE}) there: not a run "
+                "directory, or its launch never started")
+    except (OSError, ValueError) as exc:
+        return f"{run_dir}: cannot read {path}: {exc}"
+    return (f"{run_dir}: no launch is running there; the last one (supervisor pid "
+            f"{status.get('pid')}) wrote its status at {written}")
+
+
+def running(topology: str | None = None, run_dirs=()) -> list[dict]:
+    """The launches running now, oldest first, each {pid, topology, name, sides, run_dir,
+    started} (and `unreadable` when its run directory is not this user's to read): every
+    supervisor in the process table, and the launch of each of `run_dirs` (found there even
+    when its process is not visible). Only those of `topology` (a path), and of `run_dirs`
+    when any is given."""
+    import psutil
+    found = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        entry = entry_of(proc)
+        if entry is not None:
+            found[entry["pid"]] = entry
+    wanted = {os.path.realpath(d) for d in run_dirs}
+    for d in run_dirs:
+        entry = at(d)
+        if entry is not None:
+            found.setdefault(entry["pid"], entry)
     want = os.path.realpath(topology) if topology else None
-    out = []
-    for f in sorted(state_dir().glob("launch-*.json")):
-        try:
-            entry = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        if not _alive(int(entry.get("pid", 0))):
-            unregister(f)
-            continue
-        if want is None or os.path.realpath(entry["topology"]) == want:
-            out.append(entry)
-    return sorted(out, key=lambda e: e["started"])
+    out = [e for e in found.values()
+           if (want is None or os.path.realpath(e["topology"]) == want)
+           and (not wanted or os.path.realpath(e["run_dir"]) in wanted)]
+    return sorted(out, key=lambda e: e["started"] or 0.0)
 
 
 def write_status(run_dir: str, status: dict) -> None:
@@ -255,16 +300,10 @@ class Launch:
             time.sleep(interval)
 
     def wait_running(self, timeout: float = 30.0) -> dict:
-        """Until its supervisor has registered itself; its registration (pid, topology, sides,
-        run_dir). Sets run_dir when the supervisor chose it."""
-        path = _registration(state_dir(self.env), self.proc.pid)
-
-        def registered():
-            try:
-                return json.loads(path.read_text())
-            except (OSError, ValueError):
-                return None
-        entry = self._wait(registered, timeout, "registered")
+        """Until its supervisor has set its title and written its status file; what
+        `running` says of it (pid, topology, name, sides, run_dir, started). Sets run_dir
+        when the supervisor chose it."""
+        entry = self._wait(lambda: entry_of(self.ps), timeout, "registered")
         if self.run_dir is None:
             self.run_dir = Path(entry["run_dir"])
         return entry

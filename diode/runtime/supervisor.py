@@ -156,6 +156,7 @@ class Supervisor:
         self._signals: deque = deque()
         self._next_status = 0.0
         self.exporters: dict = {}  # side -> Popen of its Prometheus endpoint
+        self.started = time.time()  # (of run(): in its status file)
 
     def _broker(self, b) -> embedded.EmbeddedBroker:
         name = b.name or b.listen.replace(":", "-")
@@ -175,11 +176,15 @@ class Supervisor:
 
     def run(self) -> int:
         """Start everything, watch until SIGTERM/SIGINT (exit 0) or a FATAL worker (exit 1)."""
-        setproctitle.setproctitle(f"diode: supervisor {'+'.join(self.sides)} ({self.t.path})")
+        # what `diode status` finds the launch by, whoever runs it from wherever: its title
+        # names its run directory, where its status file says the rest
+        setproctitle.setproctitle(launches.supervisor_title(self.sides, self.t.path,
+                                                            self.run_dir))
+        self.started = time.time()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         code = 0
-        registered = launches.register(self.t.path, self.t.name, self.sides, self.run_dir)
+        launches.write_status(self.run_dir, self.status())
         try:
             self.secrets = load_secrets(self.t)
             self.keys.write(self.secrets)
@@ -209,7 +214,6 @@ class Supervisor:
             for proc in self.exporters.values():
                 proc.terminate()
                 proc.wait()
-            launches.unregister(registered)
             for resources in self.inherited.values():
                 for resource in resources.values():
                     resource.close()
@@ -330,8 +334,9 @@ class Supervisor:
         """What `diode tune --live` (and an operator) reads of this launch: every worker's
         state, pid, CPUs and restarts."""
         keys = self.secrets
-        return {"pid": os.getpid(), "topology": self.t.path, "name": self.t.name,
-                "sides": list(self.sides),
+        return {"pid": os.getpid(), "topology": os.path.abspath(self.t.path),
+                "name": self.t.name, "sides": list(self.sides),
+                "run_dir": os.path.abspath(self.run_dir), "started": self.started,
                 "keys": None if keys is None or not keys.cipher_id else
                 {"current": keys.key_id,
                  "accepted": sorted(keys.keys()) if "receiver" in self.sides else None},

@@ -33,19 +33,21 @@ def shares_machine(host: str) -> bool:
 
 
 def advise(t, measured: Measured, rate: float, machine: Machine, facts: dict,
-           limit: float = UTILISATION, shared: bool | None = None) -> dict:
+           limit: float = UTILISATION, shared: bool | None = None,
+           side: str | None = None) -> dict:
     """What `diode tune` prints (--json gives it whole): per stage its costs, load, instances
     and cores; the highest rate and what bounds it; the sysctls too small; the topology's new
-    stage settings."""
-    shared = shares_machine(t.link.host) if shared is None else shared
+    stage settings. Of `side` alone when given (this machine is that side's host)."""
+    sides = SIDES if side is None else (side,)
+    shared = side is None and (shares_machine(t.link.host) if shared is None else shared)
     costs = measured.cost_us
     windows = measured.windows
     wire = (sum(w.bytes + IP_UDP_OVERHEAD * w.datagrams for w in windows[:1])
             / max(1, windows[0].records)) if windows else 0.0
     decisions = {"both": decide("both", costs, rate, machine, limit)} if shared else \
-        {side: decide(side, costs, rate, machine, limit) for side in SIDES}
+        {s: decide(s, costs, rate, machine, limit) for s in sides}
     out = {"rate": rate, "record_bytes": round(measured.record_bytes, 1),
-           "utilisation": limit, "shared_machine": shared,
+           "utilisation": limit, "shared_machine": shared, "side": side or "both",
            "measured": {"rate": round(measured.rate), "brokers": measured.brokers,
                         "records_per_datagram": round(measured.records_per_datagram, 2),
                         "wire_bytes_per_record": round(wire, 1),
@@ -54,7 +56,7 @@ def advise(t, measured: Measured, rate: float, machine: Machine, facts: dict,
                                      "datagrams": w.datagrams, "missing": w.missing}
                                     for w in windows]},
            "machine": {k: v for k, v in facts.items() if k != "busy"},
-           "stages": {}, "sides": {}, "sysctl": [], "topology": {s: {} for s in SIDES}}
+           "stages": {}, "sides": {}, "sysctl": [], "topology": {s: {} for s in sides}}
     for name, d in decisions.items():
         out["sides"][name] = {"fits": d.fits, "max_rate": round(d.max_rate),
                               "bottleneck": d.bottleneck,
@@ -79,12 +81,12 @@ def advise(t, measured: Measured, rate: float, machine: Machine, facts: dict,
     out["bottleneck"] = limits[where][1]
     out["fits"] = all(d.fits for d in decisions.values()) and rate <= limits[where][0]
     per_datagram = measured.records_per_datagram
-    for side in SIDES:
-        out["sysctl"] += [{"name": n, "now": now, "set": want, "why": why, "side": side}
+    for s in sides:
+        out["sysctl"] += [{"name": n, "now": now, "set": want, "why": why, "side": s}
                           for n, now, want, why in sysctl_advice(
-                              side, rate * wire, rate / max(per_datagram, 1e-9),
+                              s, rate * wire, rate / max(per_datagram, 1e-9),
                               facts.get("sysctl", {}))]
-    out["pacing"] = pacing_advice(facts, t.link.rate_mbps)
+    out["pacing"] = pacing_advice(facts, t.link.rate_mbps) if "sender" in sides else None
     return out
 
 
@@ -95,7 +97,8 @@ def table(advice: dict) -> str:
              f"{a['measured']['rate']:,} records/s ({a['measured']['records_per_datagram']:g} "
              f"per datagram) on {a['measured']['brokers']}; every core under "
              f"{a['utilisation']:.0%}" + ("; both sides share this machine" if
-                                          a["shared_machine"] else ""),
+                                          a["shared_machine"] else "") +
+             (f"; the {a['side']} side only" if a.get("side", "both") != "both" else ""),
              # (a stage's CPU time per record and per datagram; its load at the target rate
              # in cores, all its instances together; the CPUs its workers are pinned to)
              f"{'stage':<24} {'CPU µs per record':>17}  {'CPU µs per datagram':>19}  "
@@ -136,11 +139,15 @@ def verify(bench: Bench, advice: dict, mix: list, seconds: float = VERIFY_SECOND
     rate that fits) and compare: records/s achieved against asked, and each core's load (the
     pipeline's workers' CPU, by the core each is pinned to) against predicted."""
     rate = min(advice["rate"], advice["max_rate"])
-    stages = advice["topology"]
+    # (a side not planned, with --side, runs one instance of each stage and is not compared)
+    stages = {side: advice["topology"].get(side) or
+              {stage: {"instances": 1} for stage in PIPELINES[side]} for side in SIDES}
     window = bench.window(stages, rate, mix, seconds)
     measured_core: dict = {}
     for title, cpu in window.worker_cpu.items():
         side, rest = title.split("/")
+        if side not in advice["topology"]:
+            continue
         stage = rest.rsplit("-", 1)[0]
         cores = _core_of(title, stages[side][stage])
         for c in cores:  # a worker on several cores: its load shared among them
@@ -228,6 +235,11 @@ def main(args) -> int:
     raw = yaml.safe_load(text)
     say = (lambda m: print(f"diode tune: {m}", file=sys.stderr, flush=True)) if args.json \
         else (lambda m: print(f"diode tune: {m}", flush=True))
+    side = None if args.side == "both" else args.side
+    if args.sample and side == "receiver":
+        raise DiodeError("--sample reads the sender's topics on the source cluster, which "
+                         "--side receiver never asks (the receiving host does not reach it): "
+                         "give --record-size, or sample on the sending host")
     if args.sample:
         say("sampling record sizes from the source topics")
         from diode.tune.measure import sample_sizes
@@ -240,11 +252,12 @@ def main(args) -> int:
     rate = _rate(args.rate, mean_size(mix))
     machine, facts = read_machine(t.link.host)
     at = min(rate, measurable_rate(t, mix))
-    with Bench(t, raw, args.broker_kind) as bench:
-        say(f"measuring each stage at {at:,.0f} records/s of {mean_size(mix):.0f} bytes on "
-            f"{bench.where} (about {2 * (args.seconds + WARMUP_SECONDS + 4):.0f} s)")
+    with Bench(t, raw, args.broker_kind, side=side) as bench:
+        say(f"measuring {f'the {side} side' if side else 'each stage'} at {at:,.0f} records/s "
+            f"of {mean_size(mix):.0f} bytes on {bench.where} (about "
+            f"{2 * (args.seconds + WARMUP_SECONDS + 4):.0f} s)")
         measured = measure(t, raw, mix, at, bench, args.seconds, say)
-        advice = advise(t, measured, rate, machine, facts, args.utilisation)
+        advice = advise(t, measured, rate, machine, facts, args.utilisation, side=side)
         new = edit.proposed_text(text, advice["topology"])
         advice["diff"] = edit.diff(args.topology, text, new)
         if args.verify and advice["max_rate"] < 1:
@@ -291,6 +304,11 @@ def add_parser(sub) -> None:
                       help="record bytes to measure with (default 200)")
     size.add_argument("--sample", action="store_true", help="sample record sizes from the "
                       "sender's topics on the source cluster instead")
+    p.add_argument("--side", choices=("sender", "receiver", "both"), default="both",
+                   help="measure and plan that side only, on this host, its host: only that "
+                   "side's cluster is asked (at both ends of the pipeline measured), the "
+                   "other's never (across a diode each host reaches its own); default both, "
+                   "which needs both clusters or embedded brokers")
     p.add_argument("--utilisation", type=float, default=UTILISATION,
                    help=f"highest load of any core (default {UTILISATION})")
     p.add_argument("--write", action="store_true", help="apply the plan to the topology file, "

@@ -33,7 +33,7 @@ def proposed_text(text: str, stages: dict) -> str:
     yaml.indent(**indentation(text))
     data = yaml.load(text) or CommentedMap()
     for side in SIDES:
-        if side not in stages:
+        if not stages.get(side):  # (a side not planned, or where nothing fits)
             continue
         if data.get(side) is None:
             data[side] = CommentedMap()

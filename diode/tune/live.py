@@ -150,8 +150,7 @@ def find(topology: str | None, run_dir: str | None) -> str:
     found = launches.running(topology)
     if not found:
         raise DiodeError("no diode launch is running" + (f" for {topology}" if topology else "")
-                         + f" (launches register in {launches.state_dir()}); start one, or "
-                         "give its --run-dir")
+                         + " (none in the process table); start one, or give its --run-dir")
     if len(found) > 1:
         listed = "; ".join(f"pid {e['pid']} {e['topology']} ({'+'.join(e['sides'])}) "
                            f"run dir {e['run_dir']}" for e in found)

@@ -2,7 +2,8 @@
 settings (datagram size, cipher, compression, FEC, fragmenting, pacing) and a record size.
 
 A measurement runs the topology's real pipeline, both sides with one instance of each stage,
-on brokers (`Bench`: the topology's own clusters when they answer, else embedded ones), at a
+on brokers (`Bench`: the topology's own clusters when they answer, else embedded ones; for one
+side only, `side`, that side's cluster alone at both ends, the other cluster never asked), at a
 paced rate, and reads each worker's CPU time (user + system, librdkafka's threads included)
 over a window, against the records the writers wrote and the datagrams the sender sent
 meanwhile. Every stage is its own process, so each one's CPU is its own cost, measured in
@@ -179,13 +180,18 @@ class Bench:
     """Brokers, a scratch directory and topics of its own, to run the topology's pipeline on.
 
     The topology's own clusters are used when they answer (topics named diode-tune-<id>, deleted
-    afterwards; its consumer group and its missing-records, heartbeat and dead-letter topics
-    replaced by the bench's own); otherwise embedded brokers of the topology's kind (Tansu when
-    it names none), started here."""
+    afterwards; its consumer group and its missing-records, heartbeat, dead-letter and digest
+    topics replaced by the bench's own; no group offsets, schemas or group checkpoints carried);
+    otherwise embedded brokers of the topology's kind (Tansu when it names none), started here.
+    With `side` ("sender" or "receiver": a host across a diode reaches its own cluster only),
+    that side's cluster is both the source and the destination of the pipeline measured (the
+    copies under a prefix of the bench's own), and the other side's is never asked: on the
+    sending host the sender's stages read the real source, on the receiving host the
+    receiver's write to the real destination."""
 
     def __init__(self, t, raw: dict, broker_kind: str | None = None,
-                 use_configured: bool = True):
-        self.t, self.raw = t, raw
+                 use_configured: bool = True, side: str | None = None):
+        self.t, self.raw, self.side = t, raw, side
         self.kind = broker_kind or next((b.kind for b in t.brokers), "tansu")
         self.use_configured = use_configured
         self.id = secrets.token_hex(3)
@@ -194,6 +200,9 @@ class Bench:
         self.topics: list = []
         self.where = ""
         self.src = self.dst = None
+        # the destination topic of a source topic: the topology's prefix, or the bench's own
+        # where one cluster is both (a copy must not land in the topic it is read from)
+        self.prefix = t.receiver.topic_prefix if side is None else f"diode-tune-{self.id}-copy-"
         self._n = 0
 
     def __enter__(self) -> "Bench":
@@ -211,31 +220,33 @@ class Bench:
         from diode.kafka import brokers as embedded
         from diode.kafka.clients import client_settings
         configured = not self.t.brokers and self.use_configured
-        if configured and _answers(client_settings(self.t, "sender")) \
-                and _answers(client_settings(self.t, "receiver")):
-            self.src = client_settings(self.t, "sender")
-            self.dst = client_settings(self.t, "receiver")
-            self.where = "the topology's clusters"
-            return
+        sides = SIDES if self.side is None else (self.side,)
+        if configured:
+            clusters = [client_settings(self.t, side) for side in sides]
+            if all(_answers(c) for c in clusters):
+                self.src, self.dst = clusters[0], clusters[-1]
+                self.where = "the topology's clusters" if self.side is None else \
+                    f"the {self.side}'s cluster alone"
+                return
         made = [embedded.make_broker(self.kind, name, f"127.0.0.1:{embedded.free_port()}",
                                      str(self.work / f"{name}.log"))
-                for name in ("source", "destination")]
+                for name in (("source", "destination") if self.side is None else ("cluster",))]
         embedded.start_all(made)
         self.started = made
-        self.src, self.dst = (b.client_config() for b in made)
-        self.where = f"embedded {self.kind} brokers"
+        self.src, self.dst = made[0].client_config(), made[-1].client_config()
+        self.where = f"embedded {self.kind} broker{'s' if len(made) > 1 else ''}"
         if configured:
-            self.where += " (the topology's clusters did not answer)"
+            self.where += (" (the topology's clusters did not answer)" if self.side is None
+                           else f" (the {self.side}'s cluster did not answer)")
 
     def close(self, keep_logs: bool = False) -> None:
         """Stop what the bench started and remove its files; after a failure its logs stay
         (errors name the directory)."""
         if self.topics and not self.started:  # the topology's clusters: leave nothing there
             _delete_topics(self.src, self.topics)
-            prefix = self.t.receiver.topic_prefix
-            _delete_topics(self.dst, [prefix + name for name in self.topics] +
+            _delete_topics(self.dst, [self.prefix + name for name in self.topics] +
                            [f"diode-tune-{self.id}-{what}" for what in
-                            ("missing", "heartbeats", "dead-letter")])
+                            ("missing", "heartbeats", "dead-letter", "digests")])
         for b in self.started:
             b.stop()
         self.started = []
@@ -261,22 +272,27 @@ class Bench:
         data.pop("brokers", None)
         data["name"] = f"tune-{self.id}-{self._n}"  # its own consumer group
         s = data.setdefault("sender", {})
-        s.pop("topics.regex", None)
-        s.pop("metrics.listen", None)  # (the stages are measured, not an endpoint)
+        r = data.setdefault("receiver", {})
+        # only the bench's topic crosses: no group offsets, no registry topic (which, with one
+        # cluster at both ends, would be written back into the one it is read from)
+        for key in ("topics.regex", "groups", "schemas", "metrics.listen"):
+            s.pop(key, None)
         s.update({"topics": [topic], "start.position": "earliest", "stages": stages["sender"],
                   "dead.letter.topic": f"diode-tune-{self.id}-dead-letter"})
-        if self.started:
-            s["kafka"] = dict(self.src)
-        r = data.setdefault("receiver", {})
-        r.pop("metrics.listen", None)
-        r.update({"stages": stages["receiver"],
+        r.pop("metrics.listen", None)  # (the stages are measured, not an endpoint)
+        r.update({"stages": stages["receiver"], "topic.prefix": self.prefix,
                   "journal.dir": str(self.work / f"journal-{self._n}"),
                   "missing.records.topic": f"diode-tune-{self.id}-missing",
-                  "dead.letter.topic": f"diode-tune-{self.id}-dead-letter"})
-        if r.get("heartbeat.topic"):
-            r["heartbeat.topic"] = f"diode-tune-{self.id}-heartbeats"
+                  "dead.letter.topic": f"diode-tune-{self.id}-dead-letter",
+                  "group.checkpoints.topic": ""})
+        for key, what in (("heartbeat.topic", "heartbeats"), ("digest.topic", "digests")):
+            if r.get(key):
+                r[key] = f"diode-tune-{self.id}-{what}"
         if self.started:
-            r["kafka"] = dict(self.dst)
+            s["kafka"], r["kafka"] = dict(self.src), dict(self.dst)
+        elif self.side is not None:  # the side's own settings (secrets as references) at both
+            own = data[self.side].get("kafka", {})
+            s["kafka"], r["kafka"] = copy.deepcopy(own), copy.deepcopy(own)
         port = embedded.free_port(socket.SOCK_DGRAM)
         link = data.setdefault("link", {})
         link.update({"host": "127.0.0.1", "port": port, "bind.address": "127.0.0.1"})
@@ -387,14 +403,20 @@ def _answers(kafka: dict, timeout: float = 5.0) -> bool:
 
 
 def _delete_topics(kafka: dict, topics: list) -> None:
+    """Delete those of `topics` the cluster has (the event topics are made only when used)."""
     from confluent_kafka.admin import AdminClient
     from diode.kafka.clients import admin_config
     try:
-        futures = AdminClient(admin_config(kafka)).delete_topics(topics, operation_timeout=15)
+        # (the client held until the answers are in: one dropped at once is destroyed, and
+        # its futures fail with _DESTROY, the topics left there)
+        admin = AdminClient(admin_config(kafka))
+        present = admin.list_topics(timeout=15).topics
+        there = [t for t in topics if t in present]
+        futures = admin.delete_topics(there, operation_timeout=15) if there else {}
         for f in futures.values():
             try:
                 f.result(20)
-            except Exception:  # noqa: BLE001 - a topic never made (the missing-records one)
+            except Exception:  # noqa: BLE001 - best effort, as below
                 pass
     except Exception:  # noqa: BLE001 - best effort: the bench's topics are named for it
         pass

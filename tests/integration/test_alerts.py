@@ -92,8 +92,7 @@ def prometheus(tmp_path):
 @pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is not installed "
                     "(./scripts/install installs Debian's prometheus package)")
 def test_a_sender_killed_uncleanly_fires_the_silent_link_alert_in_prometheus(
-        tmp_path, start_brokers, launch, prometheus, monkeypatch):
-    monkeypatch.setenv("DIODE_STATE_DIR", str(tmp_path / "state"))
+        tmp_path, start_brokers, launch, prometheus):
     src, dst = start_brokers("tansu", "source", "destination")
     listen = {side: f"127.0.0.1:{free_port()}" for side in ("sender", "receiver")}
     path = write_topology(tmp_path, src.bootstrap, dst.bootstrap,

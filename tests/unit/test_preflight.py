@@ -6,12 +6,13 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from diode.kafka.brokers import free_port
-from diode.runtime import launches, preflight, topology
-from tests.conftest import ROOT, write_topology
+from diode.runtime import preflight, topology
+from tests.conftest import ROOT, posing_as_launch, write_topology
 
 
 def load(tmp_path, **overrides):
@@ -185,14 +186,10 @@ def test_a_port_in_use_or_an_address_not_here_is_a_problem(tmp_path):
         f"receiver.metrics.listen: tcp 127.0.0.1:{metrics} is in use by another process"]
 
 
-def test_a_port_held_by_this_topologys_running_receiver_is_said_so(tmp_path, monkeypatch):
-    monkeypatch.setenv("DIODE_STATE_DIR", str(tmp_path / "state"))
+def test_a_port_held_by_this_topologys_running_receiver_is_said_so(tmp_path):
     t = load(tmp_path)
-    registered = launches.register(t.path, t.name, ("receiver",), str(tmp_path))
-    try:
+    with posing_as_launch(Path(t.path), ("receiver",), tmp_path / "run"):
         found = ports_while_taken(t)
-    finally:
-        launches.unregister(registered)
     assert found.problems == []
     assert found.warnings == [
         f"link.bind.address, link.port: udp 127.0.0.1:{t.link.port} is held by this "

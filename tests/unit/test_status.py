@@ -1,11 +1,13 @@
 """`diode status`: what a person reads and what a script parses (diode.status)."""
 
 import json
+import os
 import time
 from types import SimpleNamespace
 
 from diode import status
 from diode.runtime import launches
+from tests.conftest import posing_as_launch
 
 WORKERS = [("sender", "kafka_reader"), ("sender", "udp_sender"),
            ("receiver", "udp_reader"), ("receiver", "unpacker"), ("receiver", "kafka_writer")]
@@ -61,9 +63,62 @@ def test_rates_carry_their_units_and_each_side_counts_its_records(tmp_path, monk
     assert "CPU % of one core" in text
 
 
-def test_json_prints_an_empty_list_when_nothing_runs(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("DIODE_STATE_DIR", str(tmp_path))
-    args = SimpleNamespace(topology=None, run_dir=None, seconds=0.0, json=True)
+def test_json_prints_an_empty_list_when_nothing_runs(tmp_path, capsys):
+    args = SimpleNamespace(topology=str(tmp_path / "never-launched.yaml"), run_dir=None,
+                           seconds=0.0, json=True)
     assert status.main(args) == 1  # as documented: exit 1 when nothing runs
     out = capsys.readouterr()
     assert json.loads(out.out) == [] and "no diode launch is running" in out.err
+
+
+def test_a_launch_is_found_by_its_title_and_its_run_dir_whatever_the_environment(
+        tmp_path, monkeypatch, capsys):
+    """No registry of the user's: the supervisor's title names its run directory, so a status
+    run with another HOME, working directory and no XDG_RUNTIME_DIR finds it, and finds it by
+    that run directory too (relative to where it is run)."""
+    topology = tmp_path / "plant1.yaml"
+    run_dir = tmp_path / "run" / "receiver-plant1"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name in ("DIODE_STATE_DIR", "XDG_RUNTIME_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(elsewhere))
+    monkeypatch.chdir(elsewhere)
+    with posing_as_launch(topology, ("receiver",), run_dir):
+        found = launches.running(str(topology))
+        assert [(e["pid"], e["sides"], e["run_dir"]) for e in found] == [
+            (os.getpid(), ["receiver"], str(run_dir))]
+        by_dir = SimpleNamespace(topology=None, run_dir=["../run/receiver-plant1"],
+                                 seconds=0.0, json=True)
+        assert status.main(by_dir) == 0
+        shown, = json.loads(capsys.readouterr().out)
+        assert shown["pid"] == os.getpid() and shown["run_dir"] == str(run_dir)
+    assert launches.running(str(topology)) == []  # its title gone: not running
+
+
+def test_a_run_dir_named_whose_launch_stopped_says_so(tmp_path, capsys):
+    stale = tmp_path / "run"
+    stale.mkdir()
+    (stale / launches.STATUS_FILE).write_text(json.dumps({"pid": 2 ** 22 + 1,
+                                                          "workers": []}))
+    args = SimpleNamespace(topology=None, run_dir=[str(stale), str(tmp_path / "nothing")],
+                           seconds=0.0, json=False)
+    assert status.main(args) == 1
+    said = capsys.readouterr().err
+    assert f"{stale}: no launch is running there; the last one (supervisor pid " \
+        f"{2 ** 22 + 1}) wrote its status at" in said
+    assert f"{tmp_path / 'nothing'}: no launch's status file" in said
+
+
+def test_a_run_dir_this_user_cannot_read_is_shown_with_why():
+    entry = {"pid": 7, "topology": "/etc/diode/plant1.yaml", "name": None,
+             "sides": ["receiver"], "run_dir": "/run/diode/receiver-plant1",
+             "started": time.time() - 90,
+             "unreadable": "Permission denied: /run/diode/receiver-plant1/supervisor.json"}
+    s = status.launch_status(entry, {}, {})
+    text = status.render(s)
+    assert text.splitlines()[0].startswith("plant1 (/etc/diode/plant1.yaml): receiver, "
+                                           "supervisor pid 7, up 1m30s")
+    assert "cannot read its run directory: Permission denied" in text
+    assert "run diode status as root" in text
+    json.dumps(s)

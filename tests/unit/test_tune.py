@@ -132,6 +132,50 @@ def test_the_advice_has_every_stage_of_both_sides_and_the_sysctls_too_small():
     assert "does NOT fit: at most" in table(worse)
 
 
+@pytest.mark.parametrize("side,stages,sysctls", [
+    ("receiver", RECEIVER, {"net.core.rmem_max"}),
+    ("sender", SENDER, {"net.core.wmem_max"})])
+def test_one_side_is_planned_alone_on_its_own_host(side, stages, sysctls):
+    """--side: the plan, the sysctls and the topology change are that side's only, on this
+    machine as its host (even with the link on loopback); the other side's stages, which ran
+    only to feed or drain it, are not planned, and its section of the file is left alone."""
+    from diode.tune import advise, edit, table
+    a = advise(topology_for(host="127.0.0.1", rate_mbps=1000), measured(), 100_000,
+               Machine(cores=(0, 1, 2, 3)), FACTS, side=side)
+    assert set(a["stages"]) == set(stages) and set(a["sides"]) == {side}
+    assert not a["shared_machine"] and a["side"] == side
+    assert set(a["topology"]) == {side} and set(a["topology"][side]) == set(stages)
+    assert {c["name"] for c in a["sysctl"]} == sysctls
+    assert (a["pacing"] is not None) == (side == "sender")
+    assert f"the {side} side only" in table(a).splitlines()[0]
+    text = "sender:\n  topics: [t]\nreceiver:\n  topic.prefix: x.\n"
+    other = "receiver" if side == "sender" else "sender"
+    new = edit.proposed_text(text, a["topology"])
+    assert yaml.safe_load(new)[other] == yaml.safe_load(text)[other]
+    assert set(yaml.safe_load(new)[side]["stages"]) == set(stages)
+
+
+def test_verifying_one_sides_plan_runs_the_other_as_one_instance_each_and_leaves_it_out():
+    from diode.tune import advise
+    from diode.tune.command import verify
+    from diode.tune.measure import Window
+    a = advise(topology_for(), measured(), 10_000, Machine(cores=(0, 1, 2, 3)), FACTS,
+               side="receiver")
+    ran = {}
+
+    class Bench:
+        def window(self, stages, rate, mix, seconds):
+            ran.update(stages)
+            busy = {f"{side}/{stage}-0": RECEIVER.get(stage, 50.0) * rate * seconds * 1e-6
+                    for side in ("sender", "receiver") for stage in stages[side]}
+            return Window(8972, seconds, int(rate * seconds), 100, 0, 0, {}, busy)
+    v = verify(Bench(), a, [(200, 1.0)], seconds=10)
+    assert ran["sender"] == {stage: {"instances": 1} for stage in SENDER}
+    assert ran["receiver"] == a["topology"]["receiver"]
+    assert all(core.startswith("receiver:") for core in v["cores"])
+    assert v["within"], v  # the sender's workers (50 µs a record each here) not counted
+
+
 def test_the_link_pacing_bounds_the_rate_it_can_carry():
     from diode.tune import advise
     # 8972 + 28 bytes a datagram, 40 records each: 225 bytes of wire a record; 100 Mbit/s
@@ -279,12 +323,11 @@ def test_live_advice_widens_the_hot_stage_narrows_the_idle_one_and_names_the_slo
         "CPU µs per record", "records/s"))
 
 
-def test_live_finds_no_launch_and_says_so(tmp_path, monkeypatch):
+def test_live_finds_no_launch_and_says_so(tmp_path):
     from diode.errors import DiodeError
     from diode.tune import live
-    monkeypatch.setenv("DIODE_STATE_DIR", str(tmp_path))
-    with pytest.raises(DiodeError, match="no diode launch is running"):
-        live.find(None, None)
+    with pytest.raises(DiodeError, match="no diode launch is running for"):
+        live.find(str(tmp_path / "never-launched.yaml"), None)
 
 
 def test_a_machine_whose_cores_other_work_holds_at_the_limit_fits_no_rate_and_says_why():
