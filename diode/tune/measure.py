@@ -122,7 +122,7 @@ def sample_sizes(t, seconds: float = 10.0, count: int = SAMPLE_RECORDS) -> list:
     records of the sender's topics, read from the source cluster; DiodeError when it cannot be
     reached or holds none."""
     from confluent_kafka import Consumer, TopicPartition
-    from diode.kafka.clients import TopicSelector, client_settings, partition_counts
+    from diode.kafka.clients import client_settings, partition_counts, replicated
     conf = {**client_settings(t, "sender"), "group.id": f"diode-tune-{secrets.token_hex(4)}",
             "enable.auto.commit": False, "log_level": 0}
     consumer = Consumer(conf)
@@ -132,8 +132,7 @@ def sample_sizes(t, seconds: float = 10.0, count: int = SAMPLE_RECORDS) -> list:
         except Exception as exc:  # noqa: BLE001 - librdkafka's errors: say which cluster
             raise DiodeError(f"--sample: the source cluster "
                              f"({conf.get('bootstrap.servers')}) did not answer: {exc}") from None
-        s = t.sender
-        owned = sorted(TopicSelector(s.topics, s.topics_regex).owned(counts))
+        owned = sorted(replicated(t.sender).owned(counts))
         if not owned:
             raise DiodeError("--sample: the source cluster has none of the sender's topics")
         per = max(1, count // len(owned))
