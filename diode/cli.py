@@ -9,7 +9,7 @@ import time
 from diode.link import path as link_path
 from diode.runtime import topology as topo
 from diode.runtime import wiring
-from diode.errors import DiodeError, TopologyError
+from diode.errors import ClusterError, DiodeError, TopologyError
 from diode.runtime.worker import configure_logging
 
 
@@ -96,28 +96,44 @@ def cmd_docs(args) -> int:
 
 
 def cmd_produce(args) -> int:
+    """Produce the values given (or stdin's lines) to a topic of the cluster the options give
+    (diode.kafka.cluster), creating it first with --partitions; exit 1 when any record was not
+    acknowledged, 2 when the cluster cannot be used."""
     from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
-    if args.partitions:
-        admin = AdminClient({"bootstrap.servers": args.bootstrap})
-        if args.topic not in admin.list_topics(timeout=10).topics:
-            admin.create_topics([NewTopic(args.topic, args.partitions)])[args.topic].result(10)
-    p = Producer({"bootstrap.servers": args.bootstrap})
+    from confluent_kafka.admin import AdminClient
+
+    from diode.kafka.clients import create_topic
+    from diode.kafka.cluster import of_args, reach
+    cluster = of_args(args, "sender")
+    md = reach(cluster)
+    if args.partitions and args.topic not in md.topics:
+        create_topic(AdminClient(cluster.admin_config()), args.topic, args.partitions)
+    p = Producer(cluster.config())
+    failed = []
     values = args.values or [line.rstrip("\n") for line in sys.stdin]
     for v in values:
-        p.produce(args.topic, value=v.encode(), key=args.key.encode() if args.key else None)
+        p.produce(args.topic, value=v.encode(), key=args.key.encode() if args.key else None,
+                  on_delivery=lambda err, _: failed.append(err) if err else None)
         p.poll(0)
     left = p.flush(10)
-    print(f"produced {len(values) - left} record(s) to {args.topic} on {args.bootstrap}",
-          file=sys.stderr)
-    return 1 if left else 0
+    done = len(values) - left - len(failed)
+    print(f"produced {done} record(s) to {args.topic} on {cluster.name}", file=sys.stderr)
+    if failed or left:
+        print(f"{len(failed) + left} record(s) not written: "
+              f"{failed[0].str() if failed else 'not acknowledged within 10 s'}",
+              file=sys.stderr)
+    return 1 if failed or left else 0
 
 
 def cmd_consume(args) -> int:
-    """Print a topic's records from the beginning (assign, no group), with their headers."""
+    """Print a topic's records from the beginning (assign, no group), with their headers, from
+    the cluster the options give (diode.kafka.cluster)."""
     from confluent_kafka import Consumer, TopicPartition
-    c = Consumer({"bootstrap.servers": args.bootstrap, "group.id": "diode-console",
-                  "enable.auto.commit": False})
+
+    from diode.kafka.cluster import CONNECT_TIMEOUT_SECONDS, of_args, reach
+    cluster = of_args(args, "receiver")
+    reach(cluster, min(args.timeout, CONNECT_TIMEOUT_SECONDS))
+    c = Consumer(cluster.config(**{"group.id": "diode-console", "enable.auto.commit": False}))
     deadline = time.monotonic() + args.timeout
     seen = 0
     try:
@@ -180,6 +196,7 @@ class CommandParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """Every `diode` command and its options."""
+    from diode.kafka.cluster import add_options as add_cluster_options
     from diode.runtime.preflight import CLUSTER_TIMEOUT_SECONDS
     parser = argparse.ArgumentParser(prog="diode", description=__doc__)
     add_common(parser)
@@ -222,8 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the metrics reference instead (docs/metrics.md)")
     p.set_defaults(func=cmd_docs)
 
-    p = sub.add_parser("produce", help="produce lines (arguments or stdin) as records")
-    p.add_argument("--bootstrap", required=True, help="the cluster's bootstrap servers")
+    p = sub.add_parser("produce", help="produce lines (arguments or stdin) as records, to the "
+                       "source cluster by default (docs/clients.md)")
+    add_cluster_options(p, "sender", either_side=True)
     p.add_argument("--topic", required=True, help="the topic to produce to")
     p.add_argument("--key", help="the key of every record (default none)")
     p.add_argument("--partitions", type=int, default=0,
@@ -232,8 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the records' values, one a record (default: stdin, one a line)")
     p.set_defaults(func=cmd_produce)
 
-    p = sub.add_parser("consume", help="print a topic's records and headers")
-    p.add_argument("--bootstrap", required=True, help="the cluster's bootstrap servers")
+    p = sub.add_parser("consume", help="print a topic's records and headers, from the "
+                       "destination cluster by default (docs/clients.md)")
+    add_cluster_options(p, "receiver", either_side=True)
     p.add_argument("--topic", required=True, help="the topic to read from its beginning")
     p.add_argument("--count", type=int, default=0, help="stop after this many (exit 1 if fewer)")
     p.add_argument("--timeout", type=float, default=30.0,
@@ -274,6 +293,9 @@ def main(argv=None) -> int:
         return args.func(args)
     except TopologyError as exc:
         print(exc, file=sys.stderr)
+        return 2
+    except ClusterError as exc:  # (the settings of a cluster, or the cluster, cannot be used)
+        logging.getLogger("diode").error("%s", exc)
         return 2
     except DiodeError as exc:
         logging.getLogger("diode").error("%s", exc)

@@ -25,3 +25,9 @@ class RejectedDatagram(DiodeError):
 
 class SecretError(DiodeError):
     """A key, password or salt could not be loaded."""
+
+
+class ClusterError(DiodeError):
+    """A Kafka cluster a command talks to cannot be used: its client settings cannot be made,
+    or it did not answer, refused them, or failed TLS. Names the setting to check, never a
+    secret's value; the command exits 2."""

@@ -3,9 +3,10 @@
 The receiver's writers open a ticket for every missing range they report and close it when the
 range is filled or expired, each said on the missing-records topic
 (diode.accounting.tickets). This command reads that topic on the destination cluster with the
-topology's receiver.kafka settings, and lists the tickets with their age and state, or writes
-the manifest of the open ones, signed with the link's key, for `diode resend` on the high side
-(which refuses a manifest that does not check: see manifest_problem).
+topology's receiver.kafka settings (-X and --bootstrap over them: diode.kafka.cluster), and
+lists the tickets with their age and state, or writes the manifest of the open ones, signed
+with the link's key, for `diode resend` on the high side (which refuses a manifest that does
+not check: see manifest_problem).
 """
 
 import json
@@ -47,15 +48,16 @@ def manifest_problem(t, manifest: dict) -> str | None:
 
 def cmd_tickets(args) -> int:
     from diode.kafka import recovery
-    from diode.kafka.clients import client_settings
+    from diode.kafka.cluster import of_topology, reach
     t = topo.load(args.topology)
     r = t.receiver
     if not r.missing_records_topic:
         raise DiodeError("receiver.missing.records.topic is empty: the receiver keeps no "
                          "tickets without it")
+    cluster = of_topology(t, "receiver", args.kafka, args.bootstrap)
+    reach(cluster, args.timeout)
     book = tickets.Book()
-    for event in recovery.all_events(client_settings(t, "receiver"), r.missing_records_topic,
-                                     args.timeout):
+    for event in recovery.all_events(cluster.settings, r.missing_records_topic, args.timeout):
         book.add(event)
     which = "open" if args.open or args.manifest else "closed" if args.closed else "all"
     chosen = book.select(which)
@@ -95,7 +97,10 @@ def add_parser(sub) -> None:
     p = sub.add_parser("tickets", help="on the low side: the resend tickets (missing ranges "
                        "reported, until filled or expired), or their signed manifest")
     p.add_argument("topology", help="the receiver's topology file (its receiver.kafka "
-                   "settings read the missing-records topic)")
+                   "settings read the missing-records topic on the destination cluster, its "
+                   "link key signs the manifest)")
+    from diode.kafka.cluster import add_options
+    add_options(p, "receiver", topology=False)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--open", action="store_true", help="only the open tickets")
     which.add_argument("--closed", action="store_true", help="only the closed tickets")

@@ -1,12 +1,14 @@
 """Fixtures shared by the stage and integration tests: free ports, embedded brokers (Apache Kafka
 and Tansu, through diode.kafka.brokers: a test that takes `brokers` runs on each), topologies, a
-launched diode, and Kafka helpers that work on both (Tansu's "latest" offset is wrong,
-docs/design.md §8, so consumers read until they have what they expect)."""
+launched diode, one Spark session and `diode verify` run on it, and Kafka helpers that work on
+both brokers (Tansu's "latest" offset is wrong, docs/design.md §8, so consumers read until they
+have what they expect)."""
 
 import contextlib
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -242,6 +244,48 @@ def posing_as_launch(topology: Path, sides, run_dir: Path):
         yield
     finally:
         setproctitle.setproctitle(title)
+
+
+# -- Spark ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def spark():
+    """One SparkSession for every test that audits (tests/spark, and the integration tests that
+    run `diode verify`), local[2]: this machine, with Spark's own Kafka connector on its
+    classpath (fetched through mvn if not cached)."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from diode.spark.verify import session
+    s = session("local[2]", "diode tests", source="native")
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def verify_here(spark, capsys, monkeypatch):
+    """`diode verify ARGS` as the command runs it (the parser, the audit, the table, the
+    report, the exit status), but in this process on the shared session, kept from stopping it:
+    each `diode verify` or spark-submit subprocess is a JVM of its own, some 20 s to start.
+    For the tests about what the audit finds; a test of the command as a process runs it as
+    one. Returns (returncode, stdout, stderr) as subprocess.run does."""
+    import signal
+    import subprocess
+
+    from diode import cli
+    monkeypatch.setattr(spark, "stop", lambda: None)
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    sigterm = signal.getsignal(signal.SIGTERM)  # (a --stream run sets its own)
+
+    def run(*argv) -> subprocess.CompletedProcess:
+        argv = ["verify", *map(str, argv)]
+        capsys.readouterr()
+        try:
+            args = cli.build_parser().parse_args(argv)
+            code = args.func(args)
+        finally:
+            signal.signal(signal.SIGTERM, sigterm)
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, code, out.out, out.err)
+    return run
 
 
 # -- Kafka helpers -------------------------------------------------------------------------------

@@ -162,7 +162,8 @@ class KafkaBroker(EmbeddedBroker):
     """Apache Kafka in KRaft mode, one node. `data_dir` keeps its logs (records) and config;
     without one a temporary directory is used and removed by `stop(keep_data=False)`.
     `users` ({name: password}) turns on SASL/SCRAM (SHA-256 and SHA-512) on the client
-    listener, `tls` turns on TLS there with a self-signed certificate (`ca_file` for clients);
+    listener, `tls` turns on TLS there with a certificate of a certificate authority made for
+    it (`ca_file`, for clients: tls_certificates);
     the broker talks to itself on a plaintext listener of its own. `config` overrides
     server.properties."""
 
@@ -273,25 +274,18 @@ class KafkaBroker(EmbeddedBroker):
         return path
 
     def _tls_props(self) -> dict:
-        """A self-signed certificate for the client listener (made once per data dir), its
-        certificate exported as the clients' CA file."""
+        """The client listener's TLS: a certificate authority of its own (`ca_file`, for the
+        clients) and a broker certificate it signed for this host (an IP address and
+        localhost), both made once per data dir, in a PKCS#12 keystore."""
         keystore = self.dir / "broker.p12"
         password_file = self.dir / "keystore.password"
         if not keystore.exists():
             password_file.write_text(secrets.token_urlsafe(18))
             password_file.chmod(0o600)
-            password = password_file.read_text()
-            keytool = shutil.which("keytool") or "keytool"
-            for args in (["-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize",
-                          "2048", "-validity", "30", "-dname", f"CN={self.host}",
-                          "-ext", f"SAN=ip:{self.host},dns:localhost", "-storetype", "PKCS12",
-                          "-keystore", str(keystore), "-storepass", password],
-                         ["-exportcert", "-rfc", "-alias", "broker", "-keystore",
-                          str(keystore), "-storepass", password, "-file", str(self.ca_file)]):
-                r = subprocess.run([keytool, *args], capture_output=True, text=True)
-                if r.returncode:
-                    raise DiodeError(f"{self._what()}: keytool could not make the TLS "
-                                     f"certificate: {(r.stderr or r.stdout).strip()[:300]}")
+            ca, store = tls_certificates(self.host, password_file.read_text().encode())
+            Path(self.ca_file).write_bytes(ca)
+            keystore.write_bytes(store)
+            keystore.chmod(0o600)
         password = password_file.read_text()
         return {"listener.name.client.ssl.keystore.location": str(keystore),
                 "listener.name.client.ssl.keystore.type": "PKCS12",
@@ -321,6 +315,50 @@ logger.apache.level = WARN
 logger.started.name = kafka.server.KafkaRaftServer
 logger.started.level = INFO
 """
+
+
+def tls_certificates(host: str, password: bytes, days: int = 30) -> tuple[bytes, bytes]:
+    """(a new certificate authority's certificate, PEM; a PKCS#12 keystore, under `password`,
+    of a key and a certificate it signed for `host` (an IP address or a name) and localhost):
+    what a broker's TLS listener and its clients need, made in a few milliseconds."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import pkcs12
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def certificate(subject, key, issuer, signer, *extensions):
+        built = x509.CertificateBuilder().subject_name(subject).issuer_name(issuer) \
+            .public_key(key.public_key()).serial_number(x509.random_serial_number()) \
+            .not_valid_before(now - datetime.timedelta(minutes=5)) \
+            .not_valid_after(now + datetime.timedelta(days=days))
+        for extension, critical in extensions:
+            built = built.add_extension(extension, critical)
+        return built.sign(signer, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "diode test CA")])
+    ca = certificate(ca_name, ca_key, ca_name, ca_key,
+                     (x509.BasicConstraints(ca=True, path_length=0), True),
+                     (x509.KeyUsage(False, False, False, False, False, True, True, False,
+                                    False), True))
+    try:
+        names = [x509.IPAddress(ipaddress.ip_address(host))]
+    except ValueError:
+        names = [x509.DNSName(host)]
+    leaf = certificate(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]), key,
+                       ca_name, ca_key,
+                       (x509.BasicConstraints(ca=False, path_length=None), True),
+                       (x509.SubjectAlternativeName([*names, x509.DNSName("localhost")]),
+                        False))
+    store = pkcs12.serialize_key_and_certificates(
+        b"broker", key, leaf, [ca], serialization.BestAvailableEncryption(password))
+    return ca.public_bytes(serialization.Encoding.PEM), store
 
 
 def _cluster_id() -> str:

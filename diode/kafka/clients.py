@@ -1,33 +1,61 @@
 """Kafka client settings and topic discovery, shared by the stages that talk to Kafka."""
 
+import os
 import re
 from itertools import islice
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import NewPartitions, NewTopic
 
+from diode.errors import SecretError
 from diode.kafka import identity
 from diode.link.records import partition_owner
-from diode.link.crypto import read_secret
 from diode.runtime.topology import REFERENCE, Topology
+
+# The librdkafka settings that say how to reach a cluster (address, security, TLS, SASL), as
+# opposed to a producer's or a consumer's tuning: what an admin client takes, and what the
+# commands take from a topology's kafka section (diode.kafka.cluster).
+CONNECTION_KEYS = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.id", "socket.",
+                   "broker.address.family", "metadata.", "topic.metadata.")
+
+
+def reference(kind: str, arg: str, path_of=os.path.abspath) -> str:
+    """What ${env:NAME} or ${file:PATH} names: the variable's value, or the file's text without
+    its final newline (PATH as `path_of` places it: a topology's references are relative to the
+    topology file). SecretError saying what is missing, never a value."""
+    arg = arg.strip()
+    if kind == "env":
+        if arg not in os.environ:
+            raise SecretError(f"the environment variable {arg} is not set")
+        return os.environ[arg]
+    path = path_of(arg)
+    try:
+        with open(path, "rb") as f:
+            return f.read().rstrip(b"\r\n").decode()
+    except OSError as exc:
+        raise SecretError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise SecretError(f"{path} is not UTF-8 text") from None
+
+
+def resolved(value, where: str, path_of=os.path.abspath):
+    """`value` with every ${file:PATH} and ${env:NAME} in it replaced by what it names (as
+    `reference` reads it); SecretError naming `where` (the setting) and what is missing."""
+    if not isinstance(value, str) or not REFERENCE.search(value):
+        return value
+    try:
+        return REFERENCE.sub(lambda m: reference(*m.groups(), path_of), value)
+    except SecretError as exc:
+        raise SecretError(f"{where}: {exc}") from None
 
 
 def client_settings(t: Topology, side: str) -> dict:
     """A side's librdkafka settings (sender: the source cluster, receiver: the destination)
-    with every ${file:PATH} and ${env:NAME} replaced by what it names. Made where the client is
-    made; the values are never logged. SecretError names what could not be read."""
-    out = {}
-    for key, value in getattr(t, side).kafka.items():
-        if isinstance(value, str) and REFERENCE.search(value):
-            def read(m, key=key):
-                kind, arg = m.groups()
-                where = f"{side}.kafka.{key}"
-                if kind == "env":
-                    return read_secret(None, arg.strip(), where).decode()
-                return read_secret(t.resolve(arg.strip()), None, where).decode()
-            value = REFERENCE.sub(read, value)
-        out[key] = value
-    return out
+    with every ${file:PATH} (relative to the topology file) and ${env:NAME} replaced by what it
+    names. Made where the client is made; the values are never logged. SecretError names the
+    setting and what could not be read."""
+    return {key: resolved(value, f"{side}.kafka.{key}", t.resolve)
+            for key, value in getattr(t, side).kafka.items()}
 
 
 def consumer_config(t: Topology) -> dict:
@@ -49,10 +77,9 @@ def producer_config(kafka: dict, **defaults) -> dict:
 
 
 def admin_config(kafka: dict) -> dict:
-    # Keep only what connects; the admin client rejects producer/consumer-only properties.
-    keep = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.id", "socket.",
-            "broker.address.family", "metadata.", "topic.metadata.")
-    return {k: v for k, v in kafka.items() if k.startswith(keep)}
+    """Only what connects (CONNECTION_KEYS): the admin client rejects producer/consumer-only
+    properties."""
+    return {k: v for k, v in kafka.items() if k.startswith(CONNECTION_KEYS)}
 
 
 class TopicSelector:

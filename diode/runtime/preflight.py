@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 import psutil
 
-from diode.errors import DiodeError, SecretError
+from diode.errors import ClusterError, DiodeError, SecretError
 from diode.link import crypto
 from diode.runtime import launches, statedir
 from diode.runtime import topology as topo
@@ -35,8 +35,6 @@ CLUSTER_TIMEOUT_SECONDS = 2.5
 CLUSTER = {"sender": "source", "receiver": "destination"}
 VOLATILE_FILESYSTEMS = ("tmpfs", "ramfs")
 IPC_PATH_MAX = 107  # bytes of a Unix socket's path (sockaddr_un.sun_path, less its NUL)
-# around what a librdkafka log line says: "host:port/bootstrap: ... (after 0ms in state CONNECT)"
-LOG_NOISE = re.compile(r"^\S+/\S+: | \(after \d+ms in state \w+\)$")
 
 
 @dataclass
@@ -65,7 +63,7 @@ def check(t, sides=topo.SIDES, timeout: float = CLUSTER_TIMEOUT_SECONDS,
     ports = ports_report(t, sides)
     ask = [side for side in sides if not unreadable[side] and _asked(t, side, ports)]
     with ThreadPoolExecutor(max_workers=max(1, len(ask))) as pool:
-        asked = [pool.submit(cluster, t, side, timeout, verbose) for side in ask]
+        asked = [pool.submit(cluster, t, side, timeout) for side in ask]
         for side in sides:
             report.problems += kafka_problems(t, side, unreadable[side], verbose)
         if "receiver" in sides and t.receiver.journal_enabled:
@@ -145,20 +143,11 @@ def kafka_files(t, side: str) -> tuple[Report, set]:
 
 
 def _reference(t, kind: str, arg: str) -> str:
-    """What ${env:NAME} or ${file:PATH} names, as the side's clients read it
-    (diode.kafka.clients.client_settings); SecretError saying what is missing."""
-    arg = arg.strip()
-    if kind == "env":
-        if arg not in os.environ:
-            raise SecretError(f"the environment variable {arg} is not set")
-        return os.environ[arg]
-    try:
-        with open(t.resolve(arg), "rb") as f:
-            return f.read().rstrip(b"\r\n").decode()
-    except OSError as exc:
-        raise SecretError(f"cannot read {t.resolve(arg)}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise SecretError(f"{t.resolve(arg)} is not UTF-8 text") from None
+    """What ${env:NAME} or ${file:PATH} names, read as the side's clients read it
+    (diode.kafka.clients.reference, relative to the topology file); SecretError saying what is
+    missing."""
+    from diode.kafka.clients import reference
+    return reference(kind, arg, t.resolve)
 
 
 def _readable(path: str, directory_ok: bool = False) -> str | None:
@@ -455,48 +444,21 @@ def _asked(t, side: str, ports: Ports) -> bool:
     return bool(servers)
 
 
-class _Captured(logging.Handler):
-    """librdkafka's log lines of one client, kept to name why it reached nothing."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record):
-        if record.levelno >= logging.WARNING:
-            text = record.args[2] if isinstance(record.args, tuple) and len(record.args) == 3 \
-                else record.getMessage()
-            self.lines.append(LOG_NOISE.sub("", str(text).split("]: ", 1)[-1]))
-
-
-def cluster(t, side: str, timeout: float, verbose: bool = False) -> Report:
-    """Ask a side's cluster for its metadata within `timeout`: reachable or not, and (the
-    source) whether the topics to replicate are there. Warnings only."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
-    from diode.kafka.clients import admin_config, client_settings
+def cluster(t, side: str, timeout: float) -> Report:
+    """Ask a side's cluster for its metadata within `timeout`, as every command asks its own
+    (diode.kafka.cluster.reach: the same settings, the same verdict naming the setting to
+    check): reachable or not, and (the source) whether the topics to replicate are there.
+    Warnings only."""
+    from diode.kafka.cluster import SettingsRefused, of_topology, reach
     report = Report()
-    name = f"the {CLUSTER[side]} cluster ({', '.join(_bootstrap(t, side))})"
-    log = client_log(side, verbose)
-    captured = _Captured()
-    log.addHandler(captured)
     try:
-        try:
-            admin = AdminClient({**admin_config(client_settings(t, side)), "logger": log})
-        except KafkaException:
-            return report  # (a setting librdkafka refuses: kafka_problems says which)
-        try:
-            md = admin.list_topics(timeout=timeout)
-        except KafkaException as exc:
-            admin.poll(0)  # (serves the log lines so far: why)
-            err = exc.args[0]
-            cause = captured.lines[-1] if captured.lines else \
-                (err.str() if hasattr(err, "str") else str(err))
-            report.warnings.append(f"{side}.kafka: {name} did not answer within {timeout:g} s: "
-                                   f"{cause}")
-            return report
-    finally:
-        log.removeHandler(captured)
+        md = reach(of_topology(t, side), timeout)
+    except SettingsRefused:
+        return report  # (kafka_problems says which)
+    except ClusterError as exc:
+        report.warnings.append(f"{side}.kafka: {exc}")
+        return report
+    name = f"the {CLUSTER[side]} cluster ({', '.join(_bootstrap(t, side))})"
     topics = {n: m for n, m in md.topics.items() if m.error is None}
     report.notes.append(f"{name}: answered, {len(md.brokers)} broker(s), {len(topics)} topic(s)")
     denied = sorted(n for n, m in md.topics.items() if m.error is not None)

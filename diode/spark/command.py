@@ -21,13 +21,18 @@ def main(args) -> int:
         print("diode verify needs the `spark` extra: pip install 'diode[spark]'",
               file=sys.stderr)
         return 2
+    from diode.errors import DiodeError
     from diode.spark import stream
     from diode.spark.coverage import ShortRead
     from diode.spark.verify import cause, say
     try:
+        destination, source = clusters(args)
         if args.stream:
-            return stream.main(args)
-        return audit_once(args)
+            return stream.main(args, destination, source)
+        return audit_once(args, destination, source)
+    except DiodeError as e:  # (a cluster that cannot be used, its settings, the topology)
+        say(str(e))
+        return 2
     except ShortRead as e:
         say(f"{e}\nno report: an audit of part of the records would say too little")
         return 2
@@ -36,9 +41,23 @@ def main(args) -> int:
         return 2
 
 
-def audit_once(args) -> int:
-    """The batch audit: the table, the JSON report, the manifest; 1 when anything is missing.
-    Raises coverage.ShortRead when a read fell short of what the partitions held."""
+def clusters(args) -> tuple:
+    """(the destination cluster, the source cluster or None) the options give
+    (diode.kafka.cluster), each asked for its metadata first: a ClusterError naming the
+    setting to check, before Spark starts, when one cannot be used."""
+    from diode.kafka.cluster import of_args, reach
+    destination = of_args(args, "receiver", what="the destination cluster")
+    source = of_args(args, "sender", prefix="source-", flag="-S", what="the source cluster")
+    for cluster in (destination, source):
+        if cluster is not None:
+            reach(cluster)
+    return destination, source
+
+
+def audit_once(args, destination, source=None) -> int:
+    """The batch audit of `destination` (and against `source`, diode.kafka.cluster's): the
+    table, the JSON report, the manifest; 1 when anything is missing. Raises
+    coverage.ShortRead when a read fell short of what the partitions held."""
     from diode.spark import coverage
     from diode.spark.verify import (audit, compare, extract_heartbeats, extract_topic_ids,
                                     latency, manifest, of_provenance, pattern_of,
@@ -48,15 +67,14 @@ def audit_once(args) -> int:
     spark = session(args.master, source=args.format)
     try:
         pattern = pattern_of(args)
-        held = coverage.extents({"kafka.bootstrap.servers": args.bootstrap}, pattern=pattern)
-        say(f"auditing the topics matching {pattern} on {args.bootstrap}: "
+        held = coverage.extents(destination, pattern=pattern)
+        say(f"auditing the topics matching {pattern} on {destination.name}: "
             f"{coverage.describe(held)}")
         audit_start = time.monotonic()
-        rows, kept = read_checked(spark, "the destination", args.bootstrap, pattern, held,
-                                  args.format,
+        rows, kept = read_checked(spark, destination, pattern, held, args.format,
                                   lambda r: read_provenance(r, args.written_at_header))
         p = of_provenance(kept)
-        beats = extract_heartbeats(spark, args.bootstrap, args.heartbeat_topic, args.format) \
+        beats = extract_heartbeats(spark, destination, args.heartbeat_topic, args.format) \
             if args.heartbeat_topic else None
         rep = report(audit(p, beats))
         rep["totals"]["latencyMs"] = latency(p)
@@ -64,24 +82,22 @@ def audit_once(args) -> int:
         n = rep["totals"]["records"]
         say(f"audited {n} records of {len(rep['partitions'])} source partitions in "
             f"{took:.1f} s ({rate(n, took)} records/s)")
-        if args.source_bootstrap:
+        if source is not None:
             topics = sorted({r["sourceTopic"] for r in rep["partitions"]})
-            say(f"comparing with the source cluster {args.source_bootstrap}: "
-                f"{len(topics)} topics")
+            say(f"comparing with {source.name}: {len(topics)} topics")
             wanted = "|".join(re.escape(t) for t in topics) or "(?!)"
-            source_held = coverage.extents({"kafka.bootstrap.servers": args.source_bootstrap},
-                                           pattern=wanted)
-            _, source = read_checked(spark, "the source", args.source_bootstrap, wanted,
-                                     source_held, args.format, lambda r: r)
+            source_held = coverage.extents(source, pattern=wanted)
+            _, source_rows = read_checked(spark, source, wanted, source_held, args.format,
+                                          lambda r: r)
             # (the source holds only its topics' current incarnations: compared with those)
-            current = extract_topic_ids(args.source_bootstrap, topics)
+            current = extract_topic_ids(source, topics)
             rep["comparison"] = [r.asDict() for r in compare(
-                source, rows, args.written_at_header, current).collect()]
+                source_rows, rows, args.written_at_header, current).collect()]
             rep["totals"].update({k: sum(r[k] for r in rep["comparison"])
                                   for k in ("lost", "duplicated", "altered")})
-            source.unpersist()
+            source_rows.unpersist()
         if args.digest_topic:
-            rep["digests"] = check_digests(spark, rows, args)
+            rep["digests"] = check_digests(spark, rows, destination, args)
         kept.unpersist()
     finally:
         spark.stop()
@@ -114,28 +130,28 @@ def audit_once(args) -> int:
         d.get("incomplete") else 0
 
 
-def read_checked(spark, what: str, bootstrap: str, pattern: str, held: dict, mode: str,
-                 keep) -> tuple:
-    """(the Kafka rows of the topics matching `pattern`, `keep` of them persisted), read once
-    and checked against what the partitions held (`held`, coverage.extents): a read that fell
-    short raises coverage.ShortRead. With --format auto, a short read by Spark's Kafka source
-    is read again with diode's Python source before giving up."""
+def read_checked(spark, cluster, pattern: str, held: dict, mode: str, keep) -> tuple:
+    """(the Kafka rows of `cluster`'s (diode.kafka.cluster) topics matching `pattern`, `keep` of
+    them persisted), read once and checked against what the partitions held (`held`,
+    coverage.extents): a read that fell short raises coverage.ShortRead. With --format auto, a
+    short read by Spark's Kafka source is read again with diode's Python source before giving
+    up."""
     from pyspark import StorageLevel
 
     from diode.spark import coverage
-    from diode.spark.kafka_source import choose_format
-    from diode.spark.verify import extract, offsets_read, say
+    from diode.spark.verify import extract, offsets_read, say, source_options
+    what = cluster.what.removesuffix(" cluster")
     while True:
-        fmt = choose_format(spark, mode)
+        fmt, _ = source_options(spark, cluster.settings, mode)
         say(f"reading {what} with the {fmt} source")
-        rows = extract(spark, bootstrap, pattern, mode, held=held)
+        rows = extract(spark, cluster, pattern, mode, held=held)
         kept = keep(rows).persist(StorageLevel.MEMORY_AND_DISK)
         short = coverage.shortfalls(held, offsets_read(kept))
         if not short:
             return rows, kept
         kept.unpersist()
         if mode != "auto" or fmt != "kafka":
-            raise coverage.ShortRead(f"{what} ({bootstrap}, {fmt} source)", short)
+            raise coverage.ShortRead(f"{what} ({cluster.bootstrap}, {fmt} source)", short)
         say(f"Spark's Kafka source read {what} short ({short[0]}): reading it again with "
             "diode's Python source")
         mode = "python"
@@ -149,31 +165,39 @@ def rate(n: int, seconds: float) -> str:
     return f"{r:.1f}" if r >= 1 else f"{r:.2g}"
 
 
-def check_digests(spark, rows, args) -> dict:
+def check_digests(spark, rows, destination, args) -> dict:
     """The destination against the sender's digests (diode.spark.digests): the report's
     `digests`."""
     from diode.spark import digests
     from diode.spark.verify import say
     say(f"checking the destination against the sender's digests in {args.digest_topic}")
     started = time.monotonic()
-    found = digests.extract_digests(spark, args.bootstrap, args.digest_topic, args.format)
+    found = digests.extract_digests(spark, destination, args.digest_topic, args.format)
     judged = [r.asDict(recursive=True) for r in
               digests.check(rows, found, args.written_at_header).collect()]
-    reported = digests.reported_missing(args.bootstrap, args.missing_records_topic) \
+    reported = digests.reported_missing(destination, args.missing_records_topic) \
         if args.missing_records_topic else None
     say(f"checked {len(judged)} digests in {time.monotonic() - started:.1f} s")
     return digests.summary(judged, reported)
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--bootstrap", required=True, help="the destination cluster")
+    from diode.kafka.cluster import add_options
+    add_options(p, "receiver", topology_help=(
+        "the receiver's topology: its receiver.kafka settings reach the destination cluster "
+        "(bootstrap.servers, security.*, sasl.*, ssl.*; secrets read from its ${file:} and "
+        "${env:} as the launch reads them), and its link key signs the manifest (diode resend "
+        "refuses an unsigned one when the link has a cipher)"))
+    add_options(p, "sender", prefix="source-", flag="-S", topology_help=(
+        "the source cluster too, from this topology's sender.kafka settings: compare record "
+        "by record (lost, duplicated, altered); soak tests and pre-production. -S and "
+        "--source-bootstrap give or add to its settings as -X and --bootstrap do the "
+        "destination's"))
     p.add_argument("--prefix", default="", help="destination topic prefix (receiver.topic.prefix)")
     p.add_argument("--pattern", help="destination topics by regular expression instead")
     p.add_argument("--heartbeat-topic", help="receiver.heartbeat.topic, for the missing tail")
     p.add_argument("--written-at-header", default="writtenAt",
                    help="receiver.written.at.header, for latency ('' for none)")
-    p.add_argument("--source-bootstrap", help="the source cluster too: compare record by record "
-                   "(lost, duplicated, altered); soak tests and pre-production")
     p.add_argument("--digest-topic", help="receiver.digest.topic: check every range the sender "
                    "digested (verified, altered, incomplete) without the source cluster")
     p.add_argument("--missing-records-topic", help="receiver.missing.records.topic: say "
@@ -181,8 +205,6 @@ def add_arguments(p) -> None:
     p.add_argument("--json", help="write the report as JSON")
     p.add_argument("--manifest", help="write the resend manifest (missing ranges), signed "
                    "with the link's key of --topology")
-    p.add_argument("--topology", help="the receiver's topology: its link key signs the "
-                   "manifest (diode resend refuses an unsigned one when the link has a cipher)")
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     p.add_argument("--format", choices=("auto", "native", "python"), default="auto",
                    help="Kafka source: Spark's spark-sql-kafka (native; fetched through mvn "

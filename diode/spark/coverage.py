@@ -36,19 +36,21 @@ class Extent(NamedTuple):
     high: int
 
 
-def extents(options: dict, pattern: str, timeout: float = TIMEOUT) -> dict:
+def extents(cluster, pattern: str, timeout: float = TIMEOUT) -> dict:
     """{(topic, partition): Extent} of the topics matching `pattern` (fully), read by a consumer
-    made with `options` (kafka.* settings, as the Spark sources take them)."""
+    of `cluster` (its librdkafka settings, or bootstrap servers: diode.kafka.cluster)."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    from diode.spark.kafka_source import kafka_config
-    c = Consumer(kafka_config(options))
+    from diode.kafka.cluster import librdkafka_log, settings_of
+    from diode.spark.kafka_source import reader_config
+    settings = settings_of(cluster)
+    c = Consumer({**reader_config(settings), "logger": librdkafka_log()})
     try:
         try:
             listed = c.list_topics(timeout=10).topics
         except KafkaException as e:
             raise RuntimeError(f"diode verify: cannot list the topics of "
-                               f"{options.get('kafka.bootstrap.servers')}: {e}") from e
+                               f"{settings.get('bootstrap.servers')}: {e}") from e
         parts = [(t, p) for t in sorted(listed) if not t.startswith("__")
                  and re.fullmatch(pattern, t)
                  for p in sorted(listed[t].partitions)]

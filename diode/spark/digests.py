@@ -33,10 +33,11 @@ JUDGED = T.StructType([T.StructField("state", T.StringType()),
                        T.StructField("absent", T.ArrayType(T.ArrayType(T.LongType())))])
 
 
-def extract_digests(spark: SparkSession, bootstrap: str, topic: str,
+def extract_digests(spark: SparkSession, cluster, topic: str,
                     mode: str = "auto") -> DataFrame:
-    """receiver.digest.topic's digests, once each (a journal replay may write one twice)."""
-    rows = extract(spark, bootstrap, re.escape(topic), mode)
+    """receiver.digest.topic's digests, once each (a journal replay may write one twice), on
+    `cluster` (its librdkafka settings, or bootstrap servers)."""
+    rows = extract(spark, cluster, re.escape(topic), mode)
     return rows.select(F.from_json(F.col("value").cast("string"), DIGEST_SCHEMA).alias("d")) \
         .select("d.*").where(F.col("digest").isNotNull()).dropDuplicates()
 
@@ -89,12 +90,14 @@ def check(rows: DataFrame, digests: DataFrame, written_at: str = "writtenAt") ->
         .orderBy(*SOURCE, "firstOffset")
 
 
-def reported_missing(bootstrap: str, topic: str) -> dict:
-    """The receiver's missing-records topic: (source topic, partition, topic id) -> merged
-    ranges reported missing and not filled since."""
+def reported_missing(cluster, topic: str) -> dict:
+    """The receiver's missing-records topic on `cluster` (its librdkafka settings, or bootstrap
+    servers): (source topic, partition, topic id) -> merged ranges reported missing and not
+    filled since."""
     from diode.kafka import recovery
+    from diode.kafka.cluster import settings_of
     found: dict = {}
-    for e in recovery.all_events({"bootstrap.servers": bootstrap}, topic):
+    for e in recovery.all_events(settings_of(cluster), topic):
         if e.get("type") not in ("missing", "filled") or e.get("reason") == "expired":
             continue
         key = (e.get("sourceTopic"), e.get("sourcePartition"), e.get("sourceTopicId"))

@@ -52,7 +52,15 @@ class KafkaSplit(InputPartition):
 
 
 def kafka_config(options: dict) -> dict:
-    conf = {k[len("kafka."):]: v for k, v in options.items() if k.startswith("kafka.")}
+    """The librdkafka settings of a reader given the source's options (`kafka.*`)."""
+    return reader_config({k[len("kafka."):]: v for k, v in options.items()
+                          if k.startswith("kafka.")})
+
+
+def reader_config(settings: dict) -> dict:
+    """A reader's librdkafka settings: a cluster's `settings` (how to reach it), and what
+    reading a partition to its end takes: no commits, an event at the end of each partition."""
+    conf = dict(settings)
     conf.setdefault("group.id", "diode-spark")
     conf.update({"enable.auto.commit": False, "enable.partition.eof": True,
                  "auto.offset.reset": "earliest"})

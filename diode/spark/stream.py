@@ -152,10 +152,14 @@ class StreamAudit:
 class KafkaSink:
     """Events as JSON to a topic (keyed by source partition, like the receiver's events)."""
 
-    def __init__(self, bootstrap: str, topic: str):
+    def __init__(self, cluster, topic: str):
         from confluent_kafka import Producer
-        self.bootstrap, self.topic, self.failures = bootstrap, topic, []
-        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+
+        from diode.kafka.cluster import librdkafka_log, settings_of
+        settings = settings_of(cluster)
+        self.bootstrap, self.topic, self.failures = settings["bootstrap.servers"], topic, []
+        self.producer = Producer({**settings, "enable.idempotence": True,
+                                  "logger": librdkafka_log()})
 
     def __call__(self, events: list) -> None:
         for e in events:
@@ -189,11 +193,12 @@ class ParquetSink:
         pass
 
 
-def start(spark: SparkSession, args) -> tuple:
-    """Start the streaming audit: (the StreamingQuery, its StreamAudit)."""
+def start(spark: SparkSession, args, destination) -> tuple:
+    """Start the streaming audit of `destination` (diode.kafka.cluster's: its settings, or
+    bootstrap servers): (the StreamingQuery, its StreamAudit)."""
     sinks = []
     if args.missing_topic:
-        sinks.append(KafkaSink(args.bootstrap, args.missing_topic))
+        sinks.append(KafkaSink(destination, args.missing_topic))
     if args.missing_parquet:
         sinks.append(ParquetSink(spark, args.missing_parquet))
     os.makedirs(args.checkpoint, exist_ok=True)
@@ -201,7 +206,8 @@ def start(spark: SparkSession, args) -> tuple:
     pattern = pattern_of(args)
     if args.heartbeat_topic:
         pattern = f"(?:{pattern})|{re.escape(args.heartbeat_topic)}"
-    rows = (kafka_reader(spark.readStream, spark, args.bootstrap, stream_format(args, pattern))
+    rows = (kafka_reader(spark.readStream, spark, destination,
+                         stream_format(args, destination, pattern))
             .option("subscribePattern", pattern)
             .option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger)).load())
     query = (rows.writeStream.foreachBatch(auditor)
@@ -212,7 +218,7 @@ def start(spark: SparkSession, args) -> tuple:
     return query, auditor
 
 
-def stream_format(args, pattern: str) -> str:
+def stream_format(args, destination, pattern: str) -> str:
     """--format, or for auto the source that reads to the end on this cluster: Spark's
     streaming Kafka source ends each micro-batch where ListOffsets says, so where a partition's
     high watermark is short of its last record (the embedded Tansu) diode's Python source, which
@@ -222,7 +228,7 @@ def stream_format(args, pattern: str) -> str:
     if args.format == "python":
         return "python"
     short = coverage.short_watermarks(
-        coverage.extents({"kafka.bootstrap.servers": args.bootstrap}, pattern=pattern))
+        coverage.extents(destination, pattern=pattern))
     if not short:
         return args.format
     if args.format == "auto":
@@ -234,21 +240,23 @@ def stream_format(args, pattern: str) -> str:
     return args.format
 
 
-def main(args) -> int:
-    """Audit until Ctrl-C/SIGTERM (or --run-seconds); exit 1 if ranges are still missing."""
+def main(args, destination, source=None) -> int:
+    """Audit `destination` (diode.kafka.cluster's Cluster) until Ctrl-C/SIGTERM (or
+    --run-seconds); exit 1 if ranges are still missing. (`source`: refused, a batch audit's.)"""
     if not args.checkpoint:
         raise SystemExit("diode verify --stream needs --checkpoint DIR (Spark's checkpoint and "
                          "the audit's ledger; a restart carries on from it)")
-    if args.source_bootstrap or args.manifest or args.digest_topic:
-        raise SystemExit("diode verify --stream: --source-bootstrap, --manifest and "
-                         "--digest-topic are for batch audits; run one without --stream")
+    if source is not None or args.manifest or args.digest_topic:
+        raise SystemExit("diode verify --stream: the source cluster (--source-topology, "
+                         "--source-bootstrap, -S), --manifest and --digest-topic are for batch "
+                         "audits; run one without --stream")
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append("SIGTERM"))
     say(f"starting Spark ({args.master or 'spark-submit master or local[*]'})")
     spark = session(args.master, source=args.format)
     try:
-        query, auditor = start(spark, args)
-        say(f"streaming audit of {pattern_of(args)} on {args.bootstrap}: a batch every "
+        query, auditor = start(spark, args, destination)
+        say(f"streaming audit of {pattern_of(args)} on {destination.name}: a batch every "
             f"{args.trigger_seconds:g} s, checkpoint {args.checkpoint}; Ctrl-C stops")
         deadline = time.monotonic() + args.run_seconds if args.run_seconds else None
         try:

@@ -65,49 +65,92 @@ def local_memory() -> str:
 
 # -- extract -------------------------------------------------------------------------------------
 
-def extract(spark: SparkSession, bootstrap: str, pattern: str, mode: str = "auto",
-            kafka: dict | None = None, held: dict | None = None) -> DataFrame:
-    """The topics matching `pattern` (fully), as Kafka rows: exactly the records each partition
-    held when `held` was found (diode.spark.coverage.extents; found now when not given), read to
-    the real end whatever the broker's ListOffsets says, the same records at each pass."""
+def extract(spark: SparkSession, cluster, pattern: str, mode: str = "auto",
+            held: dict | None = None) -> DataFrame:
+    """The topics matching `pattern` (fully) of `cluster` (its librdkafka settings, or bootstrap
+    servers: diode.kafka.cluster), as Kafka rows: exactly the records each partition held when
+    `held` was found (diode.spark.coverage.extents; found now when not given), read to the real
+    end whatever the broker's ListOffsets says, the same records at each pass."""
+    from diode.kafka.cluster import settings_of
     from diode.spark import coverage
     from diode.spark.kafka_source import SCHEMA
-    settings = {f"kafka.{k}": v for k, v in (kafka or {}).items()}
+    settings = settings_of(cluster)
     if held is None:
-        held = coverage.extents({"kafka.bootstrap.servers": bootstrap, **settings},
-                                pattern=pattern)
+        held = coverage.extents(settings, pattern=pattern)
     if not held:
         return spark.createDataFrame([], SCHEMA)
-    reader = coverage.pin(kafka_reader(spark.read, spark, bootstrap, mode), held)
-    for k, v in settings.items():
-        reader = reader.option(k, v)
-    return reader.load()
+    return coverage.pin(kafka_reader(spark.read, spark, settings, mode), held).load()
 
 
-def kafka_reader(reader, spark: SparkSession, bootstrap: str, mode: str):
-    """`spark.read` or `spark.readStream` on the chosen Kafka source, from the earliest
-    offsets, headers included."""
-    return reader.format(choose_format(spark, mode)) \
-        .option("kafka.bootstrap.servers", bootstrap).option("includeHeaders", "true") \
+def kafka_reader(reader, spark: SparkSession, cluster, mode: str):
+    """`spark.read` or `spark.readStream` on the chosen Kafka source (`source_options`) for
+    `cluster` (its librdkafka settings, or bootstrap servers), from the earliest offsets,
+    headers included."""
+    from diode.kafka.cluster import settings_of
+    fmt, options = source_options(spark, settings_of(cluster), mode)
+    reader = reader.format(fmt).option("includeHeaders", "true") \
         .option("startingOffsets", "earliest")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader
 
 
-def extract_heartbeats(spark: SparkSession, bootstrap: str, topic: str,
+_said: set = set()  # notes on the sources' settings, said once
+
+
+def source_options(spark: SparkSession, settings: dict, mode: str) -> tuple[str, dict]:
+    """(the Kafka source to read with, choose_format's; its `kafka.` options) for a cluster's
+    librdkafka `settings`: Spark's connector takes them in the terms of Kafka's Java client
+    (diode.kafka.java: sasl.jaas.config for sasl.username and sasl.password, a PEM trust store
+    for ssl.ca.location, ...), diode's Python source as they are. With `auto`, settings the
+    Java client has no counterpart for are read with the Python source; with `native`, they are
+    a ClusterError naming the setting."""
+    from diode.errors import ClusterError
+    from diode.kafka.java import Untranslatable, java_settings
+    fmt = choose_format(spark, mode)
+    if fmt == "kafka":
+        try:
+            java, left_out = java_settings(settings)
+        except Untranslatable as exc:
+            if mode != "auto":
+                raise ClusterError(f"Spark's Kafka connector (--format native) cannot take "
+                                   f"{exc}: read with --format python") from None
+            _say_once(f"Spark's Kafka connector cannot take {exc}: reading with diode's "
+                      "Python source")
+            fmt = choose_format(spark, "python")
+        else:
+            if left_out:
+                _say_once(f"Spark's Kafka connector does not take {', '.join(left_out)} "
+                          "(librdkafka's own): read without")
+            return fmt, {f"kafka.{k}": v for k, v in java.items()}
+    return fmt, {f"kafka.{k}": v for k, v in settings.items()}
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        say(message)
+
+
+def extract_heartbeats(spark: SparkSession, cluster, topic: str,
                        mode: str = "auto") -> DataFrame:
     """The heartbeats of receiver.heartbeat.topic as `claims`: per incarnation, where the
     sender's earliest chain started and the highest offset it said it had sent."""
-    return claims(extract(spark, bootstrap, re.escape(topic), mode))
+    return claims(extract(spark, cluster, re.escape(topic), mode))
 
 
-def extract_topic_ids(bootstrap: str, topics: list) -> dict:
-    """topic -> its topic id now (text, as sourceTopicId holds it) on the cluster at
-    `bootstrap`, for `compare`; topics it does not have, or of a broker without topic ids, are
-    left out."""
+def extract_topic_ids(cluster, topics: list) -> dict:
+    """topic -> its topic id now (text, as sourceTopicId holds it) on `cluster` (its librdkafka
+    settings, or bootstrap servers), for `compare`; topics it does not have, or of a broker
+    without topic ids, are left out."""
     from confluent_kafka.admin import AdminClient
 
     from diode.kafka import identity
+    from diode.kafka.clients import admin_config
+    from diode.kafka.cluster import librdkafka_log, settings_of
     from diode.kafka.refresh import topic_ids
-    ids = topic_ids(AdminClient({"bootstrap.servers": bootstrap}), topics)
+    admin = AdminClient({**admin_config(settings_of(cluster)), "logger": librdkafka_log()})
+    ids = topic_ids(admin, topics)
     return {t: identity.text(i) for t, i in ids.items() if i != identity.NO_INCARNATION}
 
 

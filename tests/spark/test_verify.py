@@ -290,7 +290,7 @@ def test_streaming_audit_reports_missing_ranges_then_fills_and_carries_on_after_
         return sorted((r.type, r.sourceTopic, r.sourcePartition, r.firstOffset, r.lastOffset)
                       for r in rows)
 
-    q, auditor = stream.start(spark, args)
+    q, auditor = stream.start(spark, args, dst.bootstrap)
     try:
         q.processAllAvailable()
         # several micro-batches (10 records each at most), the same answer as the batch audit
@@ -311,7 +311,7 @@ def test_streaming_audit_reports_missing_ranges_then_fills_and_carries_on_after_
         q.stop()
         auditor.close()
     # restarted from its checkpoint: nothing reported twice, and later fills still seen
-    q, auditor = stream.start(spark, args)
+    q, auditor = stream.start(spark, args, dst.bootstrap)
     try:
         produce(dst.bootstrap, "dst_a", [{"value": b"a0-15", "partition": 0,
                                           "headers": origin("a", 0, 15)}])
