@@ -108,7 +108,9 @@ RESEND = "Resend it ([runbooks](runbooks.md#a-missing-range))"
 REASONS = (
     Reason("gap", "missing", "lost on the link", True, "yes, while the source holds it",
            f"{RESEND}. Many: look at the link ([troubleshooting]"
-           "(troubleshooting.md#records-reported-missing))."),
+           "(troubleshooting.md#records-reported-missing)). A record larger than "
+           "sender.max.record.bytes, in the sender's dead-letter topic, is reported so too: no "
+           "resend brings it."),
     Reason("tail", "missing", "sent before the last heartbeat, never arrived", True,
            "yes, while the source holds it",
            f"{RESEND}. With a silent link: the link or the sender went down mid-stream."),
