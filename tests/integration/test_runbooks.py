@@ -339,7 +339,6 @@ def test_every_command_of_the_runbooks_as_printed(start_brokers, short_tmp, monk
     sections = []
     try:
         for block in blocks():
-            t0 = time.monotonic()
             host = world.hosts[block.host]
             if not sections or sections[-1] != block.section:
                 sections.append(block.section)
@@ -361,9 +360,6 @@ def test_every_command_of_the_runbooks_as_printed(start_brokers, short_tmp, monk
             else:
                 for command, shown in commands(block):
                     run(world, host, command, shown)
-            if os.environ.get("RB_TIMES"):
-                print(f"{time.monotonic() - t0:6.1f} s {block.section}: {block.kind} "
-                      f"{(block.lines or [''])[0][:70]}")
         assert sections == ["First start", "Key rotation", "A missing range", "A full journal",
                             "A refused record", "Upgrading"], sections
         outcomes(world)
