@@ -90,6 +90,9 @@ def cmd_docs(args) -> int:
     if args.metrics:
         from diode.runtime import metrics
         print(metrics.reference_markdown(), end="")
+    elif args.events:
+        from diode.accounting import events
+        print(events.reference_markdown(), end="")
     else:
         print(topo.reference_markdown(), end="")
     return 0
@@ -235,8 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("docs", help="print the topology reference (docs/topology.md)")
-    p.add_argument("--metrics", action="store_true",
-                   help="the metrics reference instead (docs/metrics.md)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--metrics", action="store_true",
+                       help="the metrics reference instead (docs/metrics.md)")
+    which.add_argument("--events", action="store_true",
+                       help="the events and records diode writes instead (docs/events.md)")
     p.set_defaults(func=cmd_docs)
 
     p = sub.add_parser("produce", help="produce lines (arguments or stdin) as records, to the "

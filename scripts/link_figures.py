@@ -1,4 +1,4 @@
-"""The hostile-link figures of docs/operations.md: each scenario replicates N records through
+"""The hostile-link figures of docs/lab.md: each scenario replicates N records through
 `diode link-sim` with faults and reports what arrived, what was reported missing and how exact
 that report is. Run by ./scripts/link-figures (not a test: the tests assert the thresholds)."""
 

@@ -24,7 +24,7 @@ per record is the only per-record object work. Delivery reports come for errors 
 holds, less what failed. Events (missing ranges, heartbeats) go through a producer of their own,
 so that count stays exact.
 
-Durability (docs/operations.md, "Restarts and outages"). Every datagram is in the reader's
+Durability (docs/reference.md, "Restarts and outages"). Every datagram is in the reader's
 journal before it comes here; each run comes with its journal position and the reader's clock
 when it was read. The reorder wait runs on that clock, carried by the reader's marks: a stalled
 pipeline (a restarting worker, a full queue) stops time instead of turning into false gaps. Every
@@ -68,6 +68,7 @@ from diode.kafka.clients import client_settings, produce_run, producer_config, r
 from diode.kafka.metasync import MetadataSync, pins
 from diode.kafka.preparer import METADATA_TIMEOUT, HoldingsAnswer, Preparer, TopicAnswer
 from diode.accounting import tickets
+from diode.accounting.events import MISSING_RECORDS_EVENT, meaning
 from diode.accounting.ordering import PartitionState, SourcePartition
 from diode.accounting.ranges import merge
 from diode.link.records import partition_owner
@@ -887,7 +888,7 @@ class Stage(BaseStage):
             self.metrics.inc("missing_records", last - first + 1)
             self.recent_missing.append((time.monotonic(), last - first + 1))
             self.log.warning("missing %s[%d] offsets %d..%d (%s)%s", topic, partition, first,
-                             last, MEANINGS.get(reason, reason),
+                             last, meaning(reason),
                              f", topic id {topic_id}" if reason == "source-reset" else "")
         else:
             self.metrics.inc("late_records", last - first + 1)
@@ -897,12 +898,16 @@ class Stage(BaseStage):
 
     def _publish(self, kind, topic, partition, first, last, reason, incarnation,
                  **more) -> None:
-        """An event on the missing-records topic, when there is one (`more`: its ticket)."""
+        """An event on the missing-records topic, when there is one (`more`: its ticket and, of
+        a closed one, its state and times), as diode.accounting.events defines it."""
         if self.r.missing_records_topic:
-            event = {"type": kind, "sourceTopic": topic, "sourcePartition": partition,
-                     "sourceTopicId": identity.text(incarnation) if incarnation is not None
-                     else None, "firstOffset": first, "lastOffset": last,
-                     "reason": reason, "detectedAt": int(time.time() * 1000), **more}
+            if kind == "missing":
+                more.setdefault("ticket", None)  # (a refused record is no ticket)
+            event = MISSING_RECORDS_EVENT[kind].build(
+                sourceTopic=topic, sourcePartition=partition,
+                sourceTopicId=identity.text(incarnation) if incarnation is not None else None,
+                firstOffset=first, lastOffset=last, reason=reason,
+                detectedAt=int(time.time() * 1000), **more)
             self.event_queue.append((self.r.missing_records_topic, f"{topic}-{partition}".encode(),
                                      json.dumps(event).encode(), None))
 
@@ -1278,10 +1283,3 @@ def joined(backlog: deque) -> deque:
 
 class _Chain(list):
     __slots__ = ("records",)
-
-
-MEANINGS = {"gap": "lost on the link", "tail": "sent before the last heartbeat, never arrived",
-            "receiver-down": "sent while no receiver was reading",
-            "source-reset": "still missing when a new incarnation of the source partition "
-                            "replaced this one",
-            "expired": "the source no longer holds them: they cannot be resent"}

@@ -2,7 +2,7 @@
 SchemaRegistryClient, AvroSerializer and AvroDeserializer use it, keeping its state only in a
 Kafka topic in Confluent's own `_schemas` record format.
 
-No real registry can be run here (docs/operations.md, "Schemas"), so this one stands in, built
+No real registry can be run here (docs/metadata.md, "Schemas"), so this one stands in, built
 the way Confluent's is: every change is a record appended to the topic's single partition, and
 what the registry serves is what a reader thread has applied of that log, from its first record.
 

@@ -18,7 +18,7 @@ incarnation (diode.kafka.identity) and each partition's end. A Lineage keeps, pe
   as if it had never stopped: the partitions it read count as departed until the watcher finds
   their topics as they were (then they are simply read again) or recreated. The file names the
   topology and the reader count; one of another is not used. A whole sender restarted with a
-  new run directory starts without it (docs/operations.md says what that leaves unknown).
+  new run directory starts without it (docs/reference.md, "Source identity", says what that leaves unknown).
 """
 
 import logging

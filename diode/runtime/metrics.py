@@ -62,7 +62,7 @@ FORWARDING = ("kafka_reader", "packer", "udp_reader", "unpacker")
 REJECTS = ("bad_magic", "bad_version", "truncated", "bad_kind", "auth_failed", "unknown_key",
            "replayed", "decompress_failed", "bad_compression", "decode_failed", "misrouted",
            "fragments_lost", "journal_damaged", "internal_error")
-# Every metric diode exports: the HELP text, what docs/operations.md lists, what a new worker
+# Every metric diode exports: the HELP text, what docs/metrics.md lists, what a new worker
 # exports at 0 (so a rate or an alert has a series before the first event).
 CATALOG = {
     "records": Metric("counter", ("kafka_reader", "udp_sender", "unpacker", "kafka_writer"),

@@ -12,7 +12,7 @@ restart.window.seconds is FATAL too. A FATAL worker stops the launch: the superv
 every stage and exits 1, naming the worker and why. Every state change goes through `Worker.to`,
 which refuses an edge missing from TRANSITIONS (a bug, raised).
 
-SIGHUP reloads the receiver's keys without a restart (a key rotation, docs/operations.md): the
+SIGHUP reloads the receiver's keys without a restart (a key rotation, docs/runbooks.md): the
 supervisor reads the topology file again and, if it is valid and its keys can be read, takes its
 `security` section, puts the keys where its workers read them (worker.KeySlot) and signals the
 unpackers, which rebuild their keyring; otherwise it logs why and keeps the keys it has. The

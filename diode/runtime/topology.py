@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from diode.accounting import events
 from diode.errors import TopologyError
 
 SIDES = ("sender", "receiver")
@@ -221,7 +222,7 @@ class SecuritySettings:
                                       "give the receiver the next key, then switch the sender "
                                       "(its current key becomes the old next), then drop the "
                                       "old key from the receiver; the receiver reloads its keys "
-                                      "on SIGHUP (docs/operations.md, \"Key rotation\").")
+                                      "on SIGHUP (docs/runbooks.md, \"Key rotation\").")
     next_password_env: str = setting("", "The next key's password from an environment variable.")
     next_key_file: str = setting("", "The next key as a raw 32-byte key file.")
     allow_plaintext: bool = setting(False, "Must be true for cipher none. Datagrams are then "
@@ -249,7 +250,7 @@ class SenderSettings:
         "tombstones included, always from its first record whatever start.position says, to "
         "receiver.schemas.topic: a registry on the low side reading that topic serves the same "
         "subjects, versions and ids, so every record's schema id resolves there "
-        "(docs/operations.md, \"Schemas\").")
+        "(docs/metadata.md, \"Schemas\").")
     schemas_topic: str = setting(
         "_schemas", "The high side registry's topic (its kafkastore.topic), carried with "
         "schemas: true.")
@@ -264,7 +265,7 @@ class SenderSettings:
         10000.0, "How often readers look at their source's state and send it across the link: "
         "each partition's log start and end, each topic's retention.ms, retention.bytes and "
         "cleanup.policy. The receiver exports from it how far behind the source it is and how "
-        "much the source still holds (docs/operations.md, \"The source's state\").", positive)
+        "much the source still holds (docs/reference.md, \"The source's state\").", positive)
     digest_records: int = setting(
         10000, "Readers send the digest of each source partition's records (BLAKE2b over each "
         "record's key, value, headers and timestamp, in order) every this many records, so "
@@ -277,7 +278,7 @@ class SenderSettings:
         1000.0, "How often readers check each source topic's incarnation (its topic id) and "
         "each partition's end. A topic recreated (or a cluster rebuilt) is seen within this "
         "time and read again from its first record; records of the new topic read before are "
-        "labelled with the old one (docs/operations.md, \"Source identity\").", positive)
+        "labelled with the old one (docs/reference.md, \"Source identity\").", positive)
     offset_commit_interval_ms: int = setting(1000, "How often readers commit the sent "
                                              "prefix to the source cluster.", positive)
     max_inflight_records: int = setting(50000, "Records a reader may have read but not yet "
@@ -295,7 +296,7 @@ class SenderSettings:
         60000.0, "Reader 0 sends the replicated topics' metadata (partition count, the configs "
         "of metadata.topic.configs) and the committed offsets of the groups of sender.groups "
         "across the link when they change (it looks every refresh.topics.interval.seconds) and "
-        "all of it this often (docs/operations.md, \"Metadata\").", positive)
+        "all of it this often (docs/metadata.md, \"Metadata\").", positive)
     metadata_topic_configs: list = setting(
         list(METADATA_CONFIGS), "The source topic configs sent across, as the source says "
         "them (a value the source's broker takes from its defaults included).", strings)
@@ -343,17 +344,19 @@ class ReceiverSettings:
         "partition's wait, at most once per wait, up to this. Equal to reorder.wait.ms: never.",
         non_negative)
     digest_topic: str = setting(
-        "", "Destination topic for the sender's digests (JSON: sourceTopic, sourcePartition, "
-        "sourceTopicId, firstOffset, lastOffset, count, digest), which diode verify "
-        "--digest-topic checks the destination against; empty: not written.")
+        "", f"Destination topic for the sender's digests (JSON: {', '.join(events.DIGEST.names)}: "
+        "docs/events.md), which diode verify --digest-topic checks the destination against; "
+        "empty: not written.")
     missing_records_topic: str = setting(
-        "", "Destination topic for missing ranges (JSON: sourceTopic, sourcePartition, "
-        "firstOffset, lastOffset, reason, detectedAt) and later fills; empty: log only.")
+        "", "Destination topic for missing ranges, their later fills and their resend tickets' "
+        f"closing (JSON events, type missing: {', '.join(events.MISSING.names)}; filled: the "
+        f"same without ticket; closed: with {', '.join(events.CLOSED.names[-3:])}; every field "
+        "and reason: docs/events.md); empty: log only, and no resend tickets.")
     resend_margin_records: int = setting(
         100000, "A missing range is at risk when the source's log start (as the sender last "
         "looked) is within this many offsets of it: retention deletes it next, so resend it "
         "first. One below the log start has expired: it is reported once more, with reason "
-        "expired, and can never be resent (docs/operations.md, \"The source's state\").",
+        "expired, and can never be resent (docs/reference.md, \"The source's state\").",
         non_negative)
     resend_horizon_ms: float = setting(
         86400000.0, "A missing range is at risk too when, by its records' timestamps (from the "
@@ -361,7 +364,7 @@ class ReceiverSettings:
         "it within this long (24 h): resend it before then.", non_negative)
     heartbeat_topic: str = setting(
         "", "Destination topic recording link liveness: one JSON record per sender heartbeat "
-        "received (like MirrorMaker's heartbeats); empty: none.")
+        "received (like MirrorMaker's heartbeats; its fields: docs/events.md); empty: none.")
     written_at_header: str = setting(
         "writtenAt", "Header added to every destination record with the time the receiver "
         "wrote it (milliseconds since the epoch, a UTF-8 string); with the record's source "

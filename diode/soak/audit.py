@@ -29,12 +29,13 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from diode.accounting.events import MISSING
 from diode.spark import verify
 from diode.soak.traffic import CRC_HEADER
 
 KEY = ["sourceTopic", "sourcePartition", "sourceOffset"]
-EVENT = ("struct<type: string, sourceTopic: string, sourcePartition: int, firstOffset: long, "
-         "lastOffset: long, reason: string>")
+EVENT = MISSING.spark_schema("type", "sourceTopic", "sourcePartition", "firstOffset",
+                             "lastOffset", "reason")
 BUCKET_SECONDS = 10
 
 

@@ -22,13 +22,13 @@ import time
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from diode.accounting.events import AUDIT
 from diode.accounting.ledger import PartitionLedger
 from diode.runtime import files
 from diode.spark.verify import (_quantiles, claims, kafka_reader, pattern_of, provenance, say,
                                 session, summarize)
 
-EVENT_SCHEMA = ("type string, sourceTopic string, sourcePartition int, sourceTopicId string, "
-                "firstOffset long, lastOffset long, reason string, detectedAt long, batch long")
+EVENT_SCHEMA = AUDIT.spark_schema()  # (diode.accounting.events: the columns of --missing-parquet)
 
 
 # -- the driver's side: ledgers, events, checkpoint ----------------------------------------------
@@ -110,9 +110,9 @@ class StreamAudit:
     @staticmethod
     def _event(kind, key, r, now, batch_id) -> dict:
         topic, partition, topic_id = key
-        return {"type": kind, "sourceTopic": topic, "sourcePartition": partition,
-                "sourceTopicId": topic_id, "firstOffset": r[0], "lastOffset": r[1],
-                "reason": "audit", "detectedAt": now, "batch": batch_id}
+        return AUDIT.build(type=kind, sourceTopic=topic, sourcePartition=partition,
+                           sourceTopicId=topic_id, firstOffset=r[0], lastOffset=r[1],
+                           reason="audit", detectedAt=now, batch=batch_id)
 
     def _save(self, batch_id: int) -> None:
         # replaced whole: a crash leaves the old ledger or the new one

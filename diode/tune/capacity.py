@@ -12,8 +12,9 @@ its
   and librdkafka's enqueue, not the broker's).
 
 From the costs and the instances of each stage it derives the rate the receiver sustains with
-every stage under a utilisation target (the CPU guidance: 60 % of a core), and with all of the
-receiver's processes sharing the machine's cores. `diode check` compares it with
+every stage under the utilisation `diode tune` plans for (diode.tune.decide.UTILISATION, 70 % of
+a core: one figure, so a topology `diode tune` sized for a rate passes `diode check` at that
+rate), and with all of the receiver's processes sharing the machine's cores. `diode check` compares it with
 link.rate.mbps. The broker's own CPU and the producer's network work are not counted, so the
 figure is an upper bound where the destination broker shares this machine.
 """
@@ -32,8 +33,7 @@ from diode.runtime.journal import Journal
 from diode.kafka.clients import produce_run, record_headers
 from diode.accounting.ordering import PartitionState
 from diode.link.records import Record
-
-UTILISATION = 0.6
+from diode.tune.decide import UTILISATION
 IP_UDP_OVERHEAD = 28
 
 

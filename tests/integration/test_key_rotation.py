@@ -1,4 +1,4 @@
-"""The link's key rotated while records flow, as docs/operations.md ("Key rotation") tells an
+"""The link's key rotated while records flow, as docs/runbooks.md ("Key rotation") tells an
 operator: 1) the low side adds the next key and reloads (SIGHUP); 2) the high side makes it its
 current key and restarts cleanly; 3) the low side makes it current, drops the old one and reloads.
 The sender and the receiver run as separate launches, each with its own topology file and

@@ -1,7 +1,7 @@
 """sender.schemas: the Schema Registry's topic across the diode, so that a registry on the low side
 serves the same subjects, versions and ids, and every Avro record's schema id resolves there.
 
-No real registry can be run here (docs/operations.md, "Schemas"): tests/schema_registry.py
+No real registry can be run here (docs/metadata.md, "Schemas"): tests/schema_registry.py
 stands in, keeping its state only in the `_schemas` topic, in Confluent's record format, and
 serving the REST API confluent_kafka's client, AvroSerializer and AvroDeserializer use."""
 

@@ -1,4 +1,4 @@
-"""A source is known by its identity, not by its topic name (docs/operations.md, "Source
+"""A source is known by its identity, not by its topic name (docs/reference.md, "Source
 identity"): records of a recreated topic, or of a rebuilt cluster, are new records, never taken
 for copies of the old ones, and what the old incarnation never delivered is reported as
 "source-reset". Each test runs on Apache Kafka and on Tansu and audits record by record, per

@@ -1,5 +1,6 @@
 """The `diode verify` examples of README.md and docs/, as a reader would run them: the lines of
-a code block that start with `$ ` and run `diode verify` (continuation lines joined). They are
+a code block that start with `$ ` and run `diode verify` (continuation lines joined), but in a
+block marked as not run (`<!-- ...; not run: why -->`, docs/runbooks.md). They are
 written for the demo (`./scripts/demo`: source 127.0.0.1:19092, destination 127.0.0.1:29092);
 a test runs them against its own brokers, with only the ports changed."""
 
@@ -15,8 +16,14 @@ def examples() -> list:
     """[(file name, argv as printed)] of every `$ … diode verify …` line."""
     found = []
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        command = None
+        command, not_run, skipping = None, False, False
         for line in path.read_text().splitlines():
+            if line.startswith("<!--"):  # a block marked "not run: why" (docs/runbooks.md)
+                not_run = "not run:" in line
+            elif line.startswith("```"):
+                skipping, not_run = not skipping and not_run, False
+            if skipping:
+                continue
             if command is not None:
                 command += " " + line.strip()
             elif line.startswith("$ "):

@@ -4,6 +4,7 @@ import pytest
 
 from diode.runtime import topology
 from diode.tune.capacity import ReceiverCapacity, check_rate, measure_receiver
+from diode.tune.decide import UTILISATION
 
 
 def topo(rate_mbps=400.0, **stages):
@@ -25,17 +26,28 @@ def test_the_slowest_stage_for_its_instances_sets_the_rate():
     c = capacity({"udp_reader": 5, "unpacker": 30, "kafka_writer": 60},
                  {"udp_reader": 1, "unpacker": 2, "kafka_writer": 1}, cores=8)
     rate, limit = c.max_datagrams_per_second()
-    assert limit == "kafka_writer" and rate == pytest.approx(0.6 / 60e-6)
+    assert limit == "kafka_writer" and rate == pytest.approx(UTILISATION / 60e-6)
     c.instances["kafka_writer"] = 4  # four writers: now the unpackers limit
     rate, limit = c.max_datagrams_per_second()
-    assert limit == "unpacker" and rate == pytest.approx(0.6 * 2 / 30e-6)
+    assert limit == "unpacker" and rate == pytest.approx(UTILISATION * 2 / 30e-6)
+
+
+def test_check_holds_the_receiver_to_the_utilisation_diode_tune_plans_for():
+    """One figure: a receiver `diode tune` sized for a rate (every core under its 70 %) is not
+    then warned of by `diode check` for that rate (which held it to 60 % before)."""
+    c = capacity({"udp_reader": 5, "unpacker": 30, "kafka_writer": 60},
+                 {"udp_reader": 1, "unpacker": 2, "kafka_writer": 1}, cores=8)
+    rate, _ = c.max_datagrams_per_second()
+    assert UTILISATION == 0.7 and rate == pytest.approx(0.7 / 60e-6)
+    lines, _ = check_rate(topo(), c)
+    assert "with every core under 70%" in lines[0]
 
 
 def test_cores_shared_by_every_stage_set_the_rate_on_a_small_machine():
     c = capacity({"udp_reader": 5, "unpacker": 30, "kafka_writer": 60},
                  {"udp_reader": 1, "unpacker": 4, "kafka_writer": 4}, cores=1)
     rate, limit = c.max_datagrams_per_second()
-    assert limit == "cores" and rate == pytest.approx(0.6 / 95e-6)
+    assert limit == "cores" and rate == pytest.approx(UTILISATION / 95e-6)
     mbps, _ = c.max_mbps()
     assert round(mbps) == round(rate * (8972 + 28) * 8 / 1e6)
 

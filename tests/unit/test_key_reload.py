@@ -1,4 +1,4 @@
-"""A receiver reloads its keys on SIGHUP (docs/operations.md, "Key rotation"): the supervisor
+"""A receiver reloads its keys on SIGHUP (docs/runbooks.md, "Key rotation"): the supervisor
 reads the topology file again and hands its workers the keys through worker.KeySlot; a file that
 is not valid, or keys that cannot be read, change nothing. Driven without forking or signals."""
 
