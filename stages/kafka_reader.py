@@ -400,6 +400,12 @@ class Stage(BaseStage):
         self._take_acks()
         if self.stopping:
             return self._drain_step(now)
+        if self.resend is None and now >= self.next_heartbeat:
+            # (before reading: the first heartbeat goes before any record, so a receiver that
+            # hears it accounts every chain of this reader from its start: see
+            # diode.accounting.ordering)
+            self._heartbeat()
+            self.next_heartbeat = now + self.t.sender.heartbeat_interval_ms / 1000
         if now >= self.next_refresh:
             self._refresh()
             if self.metadata is not None:
@@ -419,9 +425,6 @@ class Stage(BaseStage):
                 self.log.info("resend complete")
                 return False
             return True
-        if now >= self.next_heartbeat:
-            self._heartbeat()
-            self.next_heartbeat = now + self.t.sender.heartbeat_interval_ms / 1000
         if now >= self.next_commit:
             self._commit()
             self.next_commit = now + self.t.sender.offset_commit_interval_ms / 1000

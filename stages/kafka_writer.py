@@ -98,6 +98,7 @@ TOPIC_GIVE_UP_SECONDS = 60.0  # a destination topic the cluster answers for and 
 #                               create or describe this long: dead letters
 MAX_JOINED_RECORDS = 4096    # consecutive runs of a partition are produced as one, up to this
 MAX_LATENCY_MARKS = 4096     # runs produced and not yet acknowledged whose latency is still due
+MAX_READERS = 1024           # the sender's readers whose earliest heartbeat is kept (_heard)
 # Errors after which a topic or a record will never be written, whatever the wait.
 REFUSED_FOR_GOOD = {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.MSG_SIZE_TOO_LARGE,
                     KafkaError.TOPIC_EXCEPTION, KafkaError.POLICY_VIOLATION,
@@ -175,6 +176,7 @@ class Stage(BaseStage):
         self.lagging_topics: set = set()  # topics whose lag was exported (set to 0 when gone)
         self.recent_missing: deque = deque(maxlen=10_000)  # (when, records) this last hour
         self.last_beat = None             # reader's clock when the last heartbeat came (writer 0)
+        self.heard: dict = {}  # the sender's reader -> the earliest sender time (ms) heard of it
         self.fills: dict = {}  # (topic, partition, incarnation) -> offsets filled late, this step
         self.beat_interval = 1.0
         self.link_silent = False
@@ -331,7 +333,9 @@ class Stage(BaseStage):
             for beat in beats:
                 self._beat(beat)
             for state in sources:
-                if state.get("kind") == "digests":
+                if state.get("kind") == "heard":
+                    self._heard(state["reader"], state["time_ms"])
+                elif state.get("kind") == "digests":
                     self._digests(state)
                 elif state.get("kind") == "metadata":
                     self._metadata(state)
@@ -357,12 +361,26 @@ class Stage(BaseStage):
     def _claim(self, claim) -> None:
         """A heartbeat's claim: the sender's chain of an incarnation of a source partition, and
         (`retired`) that the incarnation is gone, its source having held records up to `end`."""
-        topic, partition, incarnation, chain_start, last_sent, end, retired, seen, live = claim
+        topic, partition, incarnation, chain_start, last_sent, end, retired, seen, live, \
+            reader, sent = claim
         state = self._state(topic, partition, incarnation, seen, retired=retired)
-        state.heartbeat(chain_start, last_sent, seen, live)
+        state.heartbeat(chain_start, last_sent, seen, live, sent, self._heard(reader, sent))
         if retired:
             state.source_ended(end)
             state.retire(seen)
+
+    def _heard(self, reader: int, sent: int) -> int:
+        """A heartbeat of the sender's `reader` sent at `sent` (sender time, ms) was heard: the
+        earliest heard of that reader, which tells a chain this receiver saw start from one it
+        joined (diode.accounting.ordering). Kept for MAX_READERS readers at most, in the
+        checkpoints across restarts."""
+        heard = self.heard.get(reader)
+        if heard is None:
+            if len(self.heard) >= MAX_READERS:
+                return sent
+            heard = sent
+        self.heard[reader] = heard = min(heard, sent)
+        return heard
 
     def _clock(self):
         """The reader's clock as far as every unpacker's marks have come (None: not yet)."""
@@ -462,6 +480,8 @@ class Stage(BaseStage):
         saved = sorted(checkpoints.load_all(self.dir), key=lambda d: d["time_ms"])
         newest: dict = {}  # (topic, partition) -> its entries in the newest checkpoint
         for data in saved:
+            for reader, sent in data.get("readers", {}).items():
+                self._heard(int(reader), sent)
             found: dict = {}
             for topic, partition, state in data["partitions"]:
                 if self._owns(topic, partition):
@@ -601,7 +621,7 @@ class Stage(BaseStage):
                             "incarnation": identity.text(state.incarnation),
                             "current": state is self.sources[(t, p)].current}]
                     for (t, p), state in self._all_states()]
-        self.flushing = (snapshot, low, now)
+        self.flushing = (snapshot, dict(self.heard), low, now)
         self._checkpoint_flushed(now)
 
     def _checkpoint_flushed(self, now: float) -> None:
@@ -609,7 +629,7 @@ class Stage(BaseStage):
         record and event produced; given up after FLUSH_SECONDS (the destination is down or
         slow: not now; every flush sends what lingers at once, in small batches, so retrying
         soon would cost what linger.ms saves)."""
-        snapshot, low, started = self.flushing
+        snapshot, heard, low, started = self.flushing
         interval = self.r.checkpoint_interval_ms / 1000
         if self.producer.flush(FLUSH_STEP_SECONDS) or self._flush_events(FLUSH_STEP_SECONDS):
             # (events that wait for their topic are not in flight: no flush waits for them)
@@ -623,7 +643,8 @@ class Stage(BaseStage):
         self.sent.clear()
         try:
             checkpoints.save(self.dir, self.ctx.spec.index, int(low), snapshot, self.writers,
-                             int(time.time() * 1000), sync=self.r.journal_fsync == "interval")
+                             int(time.time() * 1000), sync=self.r.journal_fsync == "interval",
+                             readers=heard)
         except OSError as exc:
             self.metrics.inc("errors", reason="checkpoint")
             self.log.error("cannot write the checkpoint in %s: %s; a restart replays more of "

@@ -85,8 +85,8 @@ class Stage(BaseStage):
             return False
         if not got:
             return True
-        # per writer: run frames, their origins, heartbeat claims, beats, source states and
-        # digests
+        # per writer: run frames, their origins, heartbeat claims, beats, source states,
+        # digests, metadata and the readers heard
         msgs = [([], [], [], [], []) for _ in self.outs]
         mark, notices = None, []
         for frames in transport.drain(self.input, 8):
@@ -240,12 +240,18 @@ class Stage(BaseStage):
                 m[4].append({**batch, "kind": "digests", "partitions": entries})
 
     def _heartbeat(self, h, beat, msgs, origin) -> None:
-        """Claims go to the writers owning their partitions; the beat itself to writer 0."""
+        """Claims go to the writers owning their partitions, with the beat's reader and sender
+        time; that the reader was heard then goes to every writer (a chain that starts after
+        it is accounted from its start: diode.accounting.ordering); the beat itself to writer
+        0."""
         self.metrics.inc("heartbeats")
         _, seen, replayed = origin
+        reader, sent = beat["reader"], beat["time_ms"]
         for t, p, incarnation, start, last, end, retired in beat["partitions"]:
             msgs[partition_owner(t, p, len(msgs))][2].append(
-                (t, p, incarnation, start, last, end, retired, seen, not replayed))
+                (t, p, incarnation, start, last, end, retired, seen, not replayed, reader, sent))
+        for m in msgs:
+            m[4].append({"kind": "heard", "reader": reader, "time_ms": sent})
         if not replayed:
             beat["session"] = f"{h.session_id:016x}"
             beat["seen"] = seen

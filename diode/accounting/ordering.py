@@ -17,6 +17,24 @@ after `wait` reports the tail as missing the same way, so loss at the end and a 
 seen too. Records at or below the frontier are duplicates, unless they fall in a range reported
 missing: then they fill it (late arrivals, operator resends) and the fill is reported.
 
+Where a chain starts. A chain's first run may be lost, so what the receiver first hears of a chain
+may be a later run or a heartbeat; heartbeats name where the chain started. A chain this receiver
+*saw start* is accounted from its first offset, in whatever order its runs and heartbeats arrive:
+what of it has not arrived when a heartbeat naming its start has waited `wait` is reported
+missing ("gap"), even after a later run was written (the head then waits in `unknown`, below the
+frontier, until a heartbeat accounts it). A chain this receiver joined while it ran (a receiver
+started after the sender) is accounted from the first record or tail it resolves: nothing before
+it is reported. The rule that tells them apart: a receiver saw a chain start when it heard a
+heartbeat of the chain's reader sent before the first heartbeat naming that chain (each reader
+names a chain from its first heartbeat after the chain's first record was sent, and sends one
+before it reads anything). The writer tells each heartbeat's sender time (`sent`) and the
+earliest sender time it has heard of the same reader (`heard`, kept across restarts in its
+checkpoints); a state keeps, per chain start, the earliest of each (`chains`), and a chain is seen
+start when the earliest heard is before the earliest naming it. So a receiver running before the
+sender started, or before a partition, topic or rewind started a chain, accounts it; one first
+started while a chain was running does not (its first heartbeat names the chain); one restarted
+accounts a chain that started while it was down, as "receiver-down" (below).
+
 A late arrival from the chain (not a resend) shows the wait was too short for this receiver (a
 busy machine: two packers' datagrams cross different unpackers and queues): the wait becomes
 twice what that record needed, up to `max_wait`, so a loaded receiver stops raising false
@@ -64,6 +82,15 @@ class Missing(NamedTuple):
 
 CHECKPOINT_GAPS = 1000  # reported gaps a checkpoint keeps for late fills
 MAX_RETIRED = 4         # retired incarnations kept per source partition (each a few numbers)
+MAX_CHAINS = 4          # chain starts a state remembers what heartbeats said of (the newest)
+
+
+class Claim(NamedTuple):
+    """A heartbeat's word, waiting `wait` before it is acted on."""
+    time: float       # the reader's clock when it came
+    start: int        # where the sender's chain started
+    last: int         # the last offset the chain has sent
+    live: bool        # not replayed from the journal
 
 
 class Update(NamedTuple):
@@ -104,6 +131,10 @@ class PartitionState:
         self.max_gaps = max_gaps
         self.frontier = frontier
         self.anchor: int | None = None     # where the sender's chain started (heartbeats)
+        # Per chain start heard of (at most MAX_CHAINS, the newest last): [the earliest sender
+        # time of a heartbeat naming it, the earliest of a heartbeat of its reader heard]
+        # (None, None: the caller did not say; taken as seen start). See the module.
+        self.chains: dict = {}
         self.gaps: list = []               # sorted [first, last] reported missing
         # Offsets below where this receiver first heard of the partition (a running chain, or
         # a chain start): not known written, not reported missing (the first records of a
@@ -118,7 +149,7 @@ class PartitionState:
         self.pending_records = 0
         self._heap: list = []              # first offsets in pending
         self._arrivals: deque = deque()    # (time, first offset) in arrival order
-        self._claims: deque = deque()      # (time, last sent offset, live), increasing
+        self._claims: deque = deque()      # Claims, last sent increasing within a chain
         self.duplicates = 0
         self.resumed = resumed             # after a restart, no live record written yet
         # Open resend tickets (diode.accounting.tickets): reported ranges, [first, last,
@@ -139,7 +170,8 @@ class PartitionState:
                 "retired": self.retired, "retiring": self.retiring is not None,
                 "source_end": self.source_end, "log_start": self.log_start,
                 "tickets": self.tickets[-CHECKPOINT_GAPS:],
-                "last_timestamp": self.last_timestamp}
+                "last_timestamp": self.last_timestamp,
+                "chains": [[start, *known] for start, known in self.chains.items()]}
 
     @classmethod
     def restore(cls, saved: dict, wait: float, max_wait: float | None = None,
@@ -157,6 +189,7 @@ class PartitionState:
         state.tickets = [[*t[:3], *(list(t[3:5]) + [None, None])[:2]]
                          for t in saved.get("tickets", [])]
         state.last_timestamp = saved.get("last_timestamp")
+        state.chains = {start: [first, heard] for start, first, heard in saved.get("chains", [])}
         # the wait starts again at the first expire() after the restart
         state.expected = [[first, last, None] for first, last in saved.get("expected", [])]
         state.resumed = True
@@ -361,18 +394,47 @@ class PartitionState:
             self._arrivals = deque(a for a in self._arrivals if a[1] in self.pending)
         self._release(u)
 
-    def heartbeat(self, chain_start: int, last_sent: int, now: float,
-                  live: bool = True) -> None:
+    def heartbeat(self, chain_start: int, last_sent: int, now: float, live: bool = True,
+                  sent: int | None = None, heard: int | None = None) -> None:
         """The sender's chain for this partition started at `chain_start` and has sent every
         record up to `last_sent` (`live`: not a heartbeat the journal replays; -1 and -1: no
-        chain, nothing sent)."""
+        chain, nothing sent). `sent`: the heartbeat's sender time; `heard`: the earliest sender
+        time of a heartbeat of the same reader this receiver has heard (both in ms; None: this
+        receiver saw the chain start, see the module)."""
         if chain_start < 0:
             return
+        self._heard_of(chain_start, sent, heard)
         if self.frontier is None:
             self.anchor = chain_start
-        if (self.frontier is None or last_sent > self.frontier) and \
-                (not self._claims or last_sent > self._claims[-1][1]):
-            self._claims.append((now, last_sent, live))
+        elif last_sent <= self.frontier and not self._unaccounted(chain_start, last_sent):
+            return
+        newest = self._claims[-1] if self._claims else None
+        if newest is None or last_sent > newest.last or chain_start != newest.start:
+            self._claims.append(Claim(now, chain_start, last_sent, live))
+
+    def _heard_of(self, start: int, sent: int | None, heard: int | None) -> None:
+        """What a heartbeat says of when the chain starting at `start` started (the module)."""
+        known = self.chains.pop(start, None)
+        if sent is None:
+            known = known or [None, None]
+        else:
+            heard = sent if heard is None else min(heard, sent)
+            known = [sent, heard] if known is None or known[0] is None else \
+                [min(known[0], sent), min(known[1], heard)]
+        self.chains[start] = known  # (the newest last)
+        while len(self.chains) > MAX_CHAINS:
+            del self.chains[next(iter(self.chains))]
+
+    def seen_start(self, start: int) -> bool:
+        """Whether this receiver heard the sender's reader before the chain starting at `start`
+        began, so that the chain is accounted from its first offset (the module)."""
+        known = self.chains.get(start)
+        return known is not None and (known[0] is None or known[1] < known[0])
+
+    def _unaccounted(self, first: int, last: int) -> bool:
+        """Whether offsets of [first, last] below the frontier are in `unknown`."""
+        return self.frontier is not None and first <= min(last, self.frontier) and \
+            self._overlaps(self.unknown, first, min(last, self.frontier))
 
     def expire(self, now: float) -> Update:
         """Resolve what has waited `wait` seconds: gaps before waiting runs, claimed tails, and
@@ -391,11 +453,13 @@ class PartitionState:
             self._force(u)
         if self.expected:
             self._expect_due(now, u)
-        while self._claims and now - self._claims[0][0] >= self.wait:
-            _, last, live = self._claims.popleft()
+        while self._claims and now - self._claims[0].time >= self.wait:
+            _, start, last, live = self._claims.popleft()
             while self._heap and self._heap[0] <= last:
                 self._force(u)
             self._anchor()
+            if self._unaccounted(start, last) and self.seen_start(start):
+                self._account(start, last, live, u)
             if self.frontier is not None and last > self.frontier:
                 self._report(Missing(self.frontier + 1, last, self._reason("tail", live)), u)
                 self.frontier = last
@@ -506,8 +570,28 @@ class PartitionState:
             self.wait = min(self.max_wait, max(self.wait, 2 * late))
 
     def _anchor(self) -> None:
-        if self.frontier is None and self.anchor is not None:
+        """Nothing resolved yet: a chain this receiver saw start is accounted from its start."""
+        if self.frontier is None and self.anchor is not None and self.seen_start(self.anchor):
             self.frontier = self.anchor - 1
+
+    def _account(self, first: int, last: int, live: bool, u: Update) -> None:
+        """A chain this receiver saw start sent every record from `first` to `last`: those
+        below the frontier still in `unknown` (a lost head, then a later run written) never
+        came within the wait. Reported missing, like any gap."""
+        last = min(last, self.frontier)
+        keep = []
+        for a, b in self.unknown:
+            lo, hi = max(a, first), min(b, last)
+            if lo > hi:
+                keep.append([a, b])
+                continue
+            keep += [r for r in ([a, lo - 1], [hi + 1, b]) if r[0] <= r[1]]
+            u.missing.append(Missing(lo, hi, self._reason("gap", live)))
+            bisect.insort(self._reports, (lo, hi, self._now, self.wait))
+            bisect.insort(self.gaps, [lo, hi])
+        self.unknown = keep
+        del self._reports[:-self.max_gaps]
+        del self.gaps[:-self.max_gaps]
 
     def _report(self, m: Missing, u: Update) -> None:
         u.missing.append(m)

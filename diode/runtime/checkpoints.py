@@ -12,7 +12,10 @@ Each writer keeps one file, `checkpoint-<index>.json` in receiver.journal.dir, r
   that copies of its records are still told apart);
 - `writers`: how many writers there were, so a restart with a different count still finds every
   partition's state (each writer takes the partitions it now owns from every file);
-- `time_ms`: when it was written (the missing-records topic is read back from about then).
+- `time_ms`: when it was written (the missing-records topic is read back from about then);
+- `readers`: the earliest sender time (ms) of a heartbeat heard of each of the sender's readers
+  (by index), which tells a chain that started while the receiver was down from one it joined
+  (diode.accounting.ordering, "Where a chain starts").
 """
 
 import logging
@@ -30,11 +33,13 @@ def path(directory: str, index: int) -> str:
 
 
 def save(directory: str, index: int, low_water: int, partitions: list, writers: int,
-         time_ms: int, sync: bool) -> None:
+         time_ms: int, sync: bool, readers: dict | None = None) -> None:
     """Replace writer `index`'s checkpoint; `partitions` is [topic, partition, state] of every
-    incarnation of every source partition the writer holds."""
+    incarnation of every source partition the writer holds; `readers` {reader index: earliest
+    sender time heard}."""
     data = {"version": VERSION, "writer": index, "writers": writers, "low_water": low_water,
-            "time_ms": time_ms, "partitions": [list(entry) for entry in partitions]}
+            "time_ms": time_ms, "partitions": [list(entry) for entry in partitions],
+            "readers": {str(r): t for r, t in (readers or {}).items()}}
     files.replace_json(path(directory, index), data, sync)
 
 

@@ -8,7 +8,12 @@ import sys
 import time
 
 
+import pytest
+
+from diode.link import crypto, runs, wire
 from diode.link.linksim import Faults, FaultSettings
+from diode.runtime import topology
+from diode.runtime.supervisor import load_secrets
 from tests.conftest import (consume, create_topic, headers_of, produce,
                             source_coordinates, topic_id, wait_for)
 
@@ -27,14 +32,14 @@ def missing_offsets(dst, expected_events=0, timeout=5.0):
     return missing, events
 
 
-def settle(lk, sent, timeout=60.0):
-    """Wait until every sent record has either arrived or been reported missing.
+def settle(lk, sent, timeout=60.0, topics=("src",)):
+    """Wait until every sent record (of `topics`) has either arrived or been reported missing.
     Returns (arrived, reported missing, missing-topic events)."""
     deadline = time.monotonic() + timeout
     while True:
         time.sleep(2)  # (polled: each look reads both topics from their start)
-        arrived = set(source_coordinates(consume(lk.dst.bootstrap, "dst_src", 1, timeout=5,
-                                                 idle=0.5)))
+        arrived = {c for t in topics for c in source_coordinates(
+            consume(lk.dst.bootstrap, "dst_" + t, 1, timeout=5, idle=0.5))}
         reported, events = missing_offsets(lk.dst.bootstrap, timeout=3)
         if arrived | reported >= sent or time.monotonic() > deadline:
             return arrived, reported, events
@@ -301,3 +306,84 @@ def test_lost_records_open_tickets_that_a_signed_resend_closes(link, tmp_path):
     wait_for(lambda: lk.receiver.metric("tickets_closed", "kafka_writer", reason="filled")
              == len(opened), 10, "the closed tickets counted")
     assert lk.receiver.metric("tickets_open", "kafka_writer") == 0
+
+class LoseChainHeads(Faults):
+    """Loses, on purpose, the datagram that carries the first run of a chain (the run naming no
+    predecessor) of each of `heads` ((topic, partition)), once each, and holds every heartbeat
+    back `beat_delay` seconds, longer than the receiver's reorder wait: the run after a lost
+    head waits and is written before any heartbeat names where its chain started, the order in
+    which issue 34's run lost a head silently. It opens datagrams with the link's key once
+    `keyring` is set."""
+
+    def __init__(self, heads, beat_delay: float):
+        super().__init__(FaultSettings())
+        self.heads, self.beat_delay = set(heads), beat_delay
+        self.keyring = None
+        self.lost = set()  # (topic, partition, offset) of every record in a datagram lost
+
+    def decide(self, datagram):
+        if self.keyring is None:
+            return super().decide(datagram)
+        h, payload = wire.unseal(datagram, self.keyring)
+        if h.kind == wire.KIND_HEARTBEAT:
+            return [(delay + self.beat_delay, dg) for delay, dg in super().decide(datagram)]
+        carried = [runs.Run.decode(bytes(part[3])) for part in runs.split_payload(payload)] \
+            if h.kind == wire.KIND_DATA else []
+        heads = {(r.topic, r.partition) for r in carried if r.prev == -1} & self.heads
+        if not heads:
+            return super().decide(datagram)
+        self.heads -= heads
+        self.lost |= {(r.topic, r.partition, o) for r in carried for o in r.offsets}
+        self.counts.received += 1
+        self.counts.dropped += 1
+        return []
+
+
+@pytest.mark.parametrize("broker_kind", ["tansu"])  # (the broker does not matter here)
+def test_a_lost_first_datagram_of_a_partition_and_of_every_partition_is_reported(link):
+    """Issue 34: both sides running, the first datagram of a partition lost (its chain's first
+    records, the head), and then of every partition of a new topic; the heartbeats naming where
+    the chains started come after the runs that follow the heads were written. Exactly the
+    records of the lost datagrams are reported missing (topic, partition, offsets; "gap", or
+    "tail" for the last records of a partition that rode with a head), and nothing else.
+    Before, the heads went unreported: the writer took each chain for one it had joined."""
+    faults = LoseChainHeads({("src", 0), ("more", 0), ("more", 1), ("more", 2)},
+                            beat_delay=1.0)
+    lk = link(faults, link={"datagram.size.bytes": 1472},
+              sender={"topics": ["src", "more"]})
+    secrets = load_secrets(topology.load(lk.sender_topo))
+    faults.keyring = crypto.Keyring(secrets.cipher_id, secrets.master_key)
+    value = b"." * 40
+    # One partition: 1 and 2 cross first, then partition 0's chain starts and its first
+    # datagram is lost.
+    create_topic(lk.src.bootstrap, "src", 3)
+    produce(lk.src.bootstrap, "src", [{"value": value, "partition": 1 + i % 2}
+                                      for i in range(200)])
+    wait_for(lambda: len(consume(lk.dst.bootstrap, "dst_src", 200, timeout=5)) == 200, 30,
+             "partitions 1 and 2 across")
+    produce(lk.src.bootstrap, "src", [{"value": value, "partition": 0} for _ in range(300)])
+    sent = {("src", p, o) for p, n in ((0, 300), (1, 100), (2, 100)) for o in range(n)}
+    arrived, reported, events = settle(lk, sent)
+    head = {c for c in faults.lost if c[0] == "src"}
+    assert ("src", 0) not in faults.heads and {c[:2] for c in head} == {("src", 0)}
+    assert head == {("src", 0, o) for o in range(len(head))}  # the chain's first records
+    assert reported == head, events
+    assert arrived == sent - head
+    # Every partition: a new topic, a chain starts in each of its three.
+    create_topic(lk.src.bootstrap, "more", 3)
+    produce(lk.src.bootstrap, "more", [{"value": value, "partition": i % 3}
+                                       for i in range(900)])
+    sent |= {("more", p, o) for p in range(3) for o in range(300)}
+    arrived, reported, events = settle(lk, sent, topics=("src", "more"))
+    assert not faults.heads, "a chain's first datagram was never seen"
+    heads = {c for c in faults.lost if c[0] == "more"}
+    assert {c[:2] for c in heads} == {("more", p) for p in range(3)}
+    assert {("more", p, 0) for p in range(3)} <= heads
+    assert reported == faults.lost, events
+    assert arrived == sent - faults.lost
+    # (a datagram with a head may carry the last records of another partition: a tail)
+    assert {e["type"] for e in events} == {"missing"}
+    assert all(e["reason"] == ("gap" if any(c[:2] == (e["sourceTopic"], e["sourcePartition"])
+                                            and c[2] > e["lastOffset"] for c in arrived)
+                               else "tail") for e in events), events
+    assert lk.receiver.metric("missing_records", "kafka_writer") == len(faults.lost)

@@ -471,3 +471,162 @@ def test_reported_gaps_expire_once_as_the_source_log_start_passes_them():
     assert s.at_risk(100) == 15 and s.at_risk(1) == 1  # 35..39, 50..59; then 35 alone
     assert s.gaps == [[10, 19], [30, 39], [50, 59]]  # (still fillable: a late record may come)
     assert PartitionState.restore(s.checkpoint(), 0.0).source_starts(35) == []
+
+
+# -- where a chain starts: a lost head (issue 34) --------------------------------------------
+
+# Sender times (ms) of one reader's heartbeats: the receiver heard one before the chain began
+# (the reader sends one before it reads anything); the chain's first heartbeat came after.
+BEFORE, NAMING, LATER = 1_000, 2_000, 3_000
+
+
+def beat(state, last, now, sent=NAMING, heard=BEFORE, start=0, live=True):
+    """A heartbeat of the chain starting at `start`, heard at the reader's clock `now`."""
+    state.heartbeat(start, last, now=now, live=live, sent=sent, heard=heard)
+
+
+def test_a_lost_chain_head_is_reported_when_the_heartbeat_naming_its_start_comes_first():
+    s = PartitionState(wait=1.0)
+    sent = chain(range(10), per_run=4)       # [0..3] starts the chain: lost
+    beat(s, 9, now=0.0)
+    writes, missing, _ = feed(s, sent[1:], t=0.1)
+    u = s.expire(1.1)
+    assert offs(writes + u.writes) == list(range(4, 10))
+    assert missing + u.missing == [Missing(0, 3, "gap")]
+
+
+def test_a_lost_chain_head_is_reported_when_the_heartbeat_comes_after_the_run_was_written():
+    """The issue's silent loss: the next run waited and was written before any heartbeat named
+    where the chain started (every second against a half-second wait); the head stayed unknown
+    and the heartbeat was ignored."""
+    s = PartitionState(wait=1.0)
+    sent = chain(range(10), per_run=4)
+    feed(s, sent[1:], t=0.0)
+    u = s.expire(1.0)                        # nothing says where the chain began: written
+    assert offs(u.writes) == list(range(4, 10)) and u.missing == []
+    beat(s, 9, now=1.5)
+    assert s.expire(2.0).missing == []       # (the heartbeat waits too)
+    assert s.expire(2.5).missing == [Missing(0, 3, "gap")]
+    beat(s, 9, now=3.0)
+    assert s.expire(5.0).missing == []       # once
+
+
+def test_a_lost_chain_head_is_reported_from_a_heartbeat_long_after_and_filled_if_it_comes():
+    s = PartitionState(wait=1.0)
+    sent = chain(range(100), per_run=4)
+    writes, _, _ = feed(s, sent[1:10], t=0.0)
+    writes += s.expire(1.0).writes
+    writes += feed(s, sent[10:], t=30.0)[0]  # the chain goes on
+    beat(s, 99, now=60.0, sent=LATER)        # (its earlier heartbeats were lost)
+    u = s.expire(61.0)
+    assert offs(writes) == list(range(4, 100))
+    assert u.missing == [Missing(0, 3, "gap")] and u.writes == []
+    w, m, filled = feed(s, sent[:1], t=62.0)  # the lost datagram was only late
+    assert offs(w) == [0, 1, 2, 3] and filled == [0, 1, 2, 3] and m == [] and s.gaps == []
+
+
+def test_a_chain_of_one_datagram_lost_whole_is_reported_from_its_heartbeats():
+    s = PartitionState(wait=1.0)
+    beat(s, 3, now=0.0)                      # [0..3], all the chain sent, never came
+    assert s.expire(0.5).missing == []
+    assert s.expire(1.0).missing == [Missing(0, 3, "tail")]
+    beat(s, 3, now=1.5, sent=LATER)
+    assert s.expire(3.0).missing == []
+
+
+def test_the_reader_heard_before_the_chain_only_after_its_first_claim_still_accounts_it():
+    """Heartbeats cross different unpackers: the writer may hear the reader's earlier one
+    (before the chain) after one naming the chain; the next heartbeat says so."""
+    s = PartitionState(wait=1.0)
+    sent = chain(range(10), per_run=4)
+    feed(s, sent[1:], t=0.0)
+    beat(s, 9, now=0.2, sent=NAMING, heard=NAMING)   # nothing earlier heard yet
+    assert s.expire(1.2).missing == []
+    beat(s, 9, now=1.5, sent=LATER, heard=BEFORE)    # the earlier one is known now
+    assert s.expire(2.5).missing == [Missing(0, 3, "gap")]
+
+
+def test_a_receiver_joining_a_running_chain_reports_nothing_before_it_whatever_comes_first():
+    """Started while the sender was mid-chain, the receiver's first heartbeat of the reader
+    names the chain: it did not see it start, and nothing before the first record or tail it
+    resolves is reported, whether a heartbeat (it reported 0..1000 as a gap) or a run comes
+    first."""
+    sent = chain(range(1001, 1011), start_chain=False, per_run=5)
+    for heartbeat_first in (True, False):
+        s = PartitionState(wait=1.0)
+        if heartbeat_first:
+            beat(s, 1000, now=0.0, sent=NAMING, heard=NAMING)
+        writes, missing, _ = feed(s, sent, t=0.1)
+        if not heartbeat_first:
+            beat(s, 1000, now=0.2, sent=NAMING, heard=NAMING)
+        u = s.expire(1.2)
+        beat(s, 1010, now=1.5, sent=LATER, heard=NAMING)
+        missing += u.missing + s.expire(3.0).missing
+        assert offs(writes + u.writes) == list(range(1001, 1011)), heartbeat_first
+        assert missing == [], heartbeat_first
+    idle = PartitionState(wait=1.0)  # an idle partition: heartbeats alone, nothing reported
+    beat(idle, 1000, now=0.0, sent=NAMING, heard=NAMING)
+    beat(idle, 1000, now=1.0, sent=LATER, heard=NAMING)
+    assert idle.expire(5.0).missing == []
+
+
+def test_a_restart_between_the_run_and_the_heartbeat_keeps_the_head_to_account():
+    s = PartitionState(wait=1.0)
+    sent = chain(range(15), per_run=4)
+    feed(s, sent[1:3], t=0.0)
+    s.expire(1.0)                            # 4..11 written, 0..3 unknown
+    s = restarted(s)
+    writes, _, _ = feed(s, [live(r) for r in sent[3:]], t=2.0)
+    beat(s, 14, now=2.5, live=True)          # (the writer kept what it heard: BEFORE)
+    u = s.expire(3.5)
+    assert offs(writes) == [12, 13, 14]
+    assert u.missing == [Missing(0, 3, "gap")]
+
+
+def test_a_restart_keeps_a_joined_chain_joined():
+    """Heard first mid-chain, then restarted: the chain's heartbeats after the restart, now
+    after the earliest heard of its reader, are still of a chain this receiver did not see
+    start."""
+    s = PartitionState(wait=1.0)
+    sent = chain(range(100, 110), start_chain=False, per_run=5)
+    beat(s, 99, now=0.0, sent=NAMING, heard=NAMING)
+    feed(s, sent[:1], t=0.1)
+    s.expire(1.2)
+    s = restarted(s)
+    feed(s, [live(r) for r in sent[1:]], t=2.0)
+    beat(s, 109, now=2.5, sent=LATER, heard=NAMING)
+    assert s.expire(4.0).missing == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 120), seed=st.integers(0, 10_000), loss=st.floats(0, 0.5),
+       dup=st.floats(0, 0.2), swap=st.floats(0, 0.3), when=st.sampled_from(
+           ["before", "with", "after", "long after"]), head_lost=st.booleans())
+def test_exact_accounting_of_a_chain_seen_start_whatever_is_lost_and_when_heartbeats_come(
+        n, seed, loss, dup, swap, when, head_lost):
+    """A chain that starts while the receiver runs, cut in runs, any of them lost (its first
+    one on purpose, or not), duplicated, reordered; the heartbeat naming its start before the
+    runs, with them, after they were written, or long after: exactly the records that never
+    came are reported missing, and every one that came is written once."""
+    rng = random.Random(seed)
+    runs_sent = cut(list(range(n)), rng)
+    arrived = [r for i, r in enumerate(runs_sent)
+               if not (head_lost and i == 0) and rng.random() >= loss]
+    stream = through_link(arrived, rng, dup, swap)
+    beat_at = {"before": -0.1, "with": 0.5, "after": 1.5, "long after": 30.0}[when]
+    s = PartitionState(wait=1.0)
+    writes, missing, filled = [], [], []
+    events = [(0.0, "run", r) for r in stream] + [(beat_at, "beat", None)] + \
+        [(t, "expire", None) for t in (1.0, beat_at + 1.0, 40.0)]
+    for t, what, run in sorted(events, key=lambda e: e[0]):  # (stable: runs before the beat)
+        if what == "beat":
+            beat(s, n - 1, now=t, sent=LATER)
+            continue
+        u = s.offer(run, t) if what == "run" else s.expire(t)
+        writes, missing, filled = writes + u.writes, missing + u.missing, filled + u.filled
+    got = {o for r in arrived for o in r.offsets}
+    assert sorted(offs(writes)) == sorted(got)
+    reported = [o for m in missing for o in range(m.first, m.last + 1)]
+    assert len(reported) == len(set(reported))       # each once
+    assert set(reported) == set(range(n)) - got
+    assert {m.reason for m in missing} <= {"gap", "tail"}
