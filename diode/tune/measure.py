@@ -279,7 +279,8 @@ class Bench:
             r["kafka"] = dict(self.dst)
         port = embedded.free_port(socket.SOCK_DGRAM)
         link = data.setdefault("link", {})
-        link.update({"host": "127.0.0.1", "port": port, "bind.address": "127.0.0.1"})
+        link.update({"host": "127.0.0.1", "port": port, "bind.address": "127.0.0.1",
+                     "source.addresses": ["127.0.0.1"]})
         if datagram_bytes:
             link["datagram.size.bytes"] = datagram_bytes
         if link_mbps is not None:
