@@ -38,7 +38,8 @@ SCENARIOS = [
 def topology(work: Path, side: str, src, dst, port: int, link: dict) -> Path:
     data = {
         "name": "figures", "link": {"host": "127.0.0.1", "port": port,
-                                    "bind.address": "127.0.0.1", "datagram.size.bytes": 600,
+                                    "bind.address": "127.0.0.1",
+                                    "source.addresses": ["127.0.0.1"], "datagram.size.bytes": 600,
                                     "rate.mbps": 100, **link},
         "security": {"password.file": str(work / "password"), "salt": "figures"},
         "sender": {"kafka": {"bootstrap.servers": src.bootstrap}, "topics": ["src"],

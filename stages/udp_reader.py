@@ -1,7 +1,10 @@
 """udp_reader: the receiver's one UDP socket. It reads, journals and forwards.
 
 The socket is made by the supervisor before it forks (`prepare`), so it outlives this process: a
-killed reader comes back to the same socket, and the kernel queues what arrives meanwhile.
+killed reader comes back to the same socket, and the kernel queues what arrives meanwhile. It is
+bound to link.bind.address, and a datagram from an address not in link.source.addresses never
+reaches it: the kernel's socket filter drops it (or this reader does, first thing, where the
+kernel refused the filter; diode.link.admission).
 
 Every datagram whose fixed header is ours is appended to the receive journal
 (diode.runtime.journal), still encrypted, before it goes on; one too short or not ours (wrong magic
@@ -39,7 +42,7 @@ import time
 from collections import deque
 
 from diode.runtime import checkpoints, replays, transport
-from diode.link import offload, udpstat, wire
+from diode.link import admission, offload, udpstat, wire
 from diode.errors import DiodeError, RejectedDatagram
 from diode.runtime.journal import HEADER, Journal, JournalError, JournalFull
 from diode.runtime.worker import Stage as BaseStage
@@ -60,24 +63,26 @@ def lane(key: int) -> int:
     return ((key * 0x9E3779B1) & 0xFFFFFFFF) >> 16
 
 
-def open_socket(bind_address: str, port: int, rcvbuf: int, log=None) -> socket.socket:
-    """A UDP socket with as large a receive buffer as the kernel grants (warns when less)."""
-    family = socket.AF_INET6 if ":" in bind_address else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    granted = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2  # Linux doubles it
-    if granted < rcvbuf and log is not None:
+def open_socket(t, log) -> admission.Receiving:
+    """The link's receiving socket, bound and filtered by source (diode.link.admission), with as
+    large a receive buffer as the kernel grants; says once what it admits and what it could
+    not do."""
+    link = t.link
+    receiving = admission.open_receiving(link.bind_address, link.port,
+                                         link.receive_buffer_bytes, link.source_addresses,
+                                         link.gro_enabled)
+    rcvbuf = link.receive_buffer_bytes
+    granted = receiving.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2  # (doubled)
+    if granted < rcvbuf:
         log.warning("the kernel granted a %d-byte receive buffer, not the %d asked for "
                     "(link.receive.buffer.bytes): bursts will be dropped. Raise the limit with: "
                     "sysctl -w net.core.rmem_max=%d net.core.rmem_default=%d",
                     granted, rcvbuf, rcvbuf, rcvbuf)
-    try:
-        sock.bind((bind_address, port))
-    except OSError as exc:
-        sock.close()
-        raise DiodeError(f"cannot bind udp {bind_address}:{port} (link.bind.address, link.port): "
-                         f"{exc.strerror}; is another receiver running?") from None
-    return sock
+    if link.bind_address_note and admission.every_address(link.bind_address):
+        log.warning("link.bind.address %s", link.bind_address_note)
+    for level, message in receiving.notes:
+        getattr(log, level)("%s", message)
+    return receiving
 
 
 def open_journal(t) -> Journal | None:
@@ -98,15 +103,15 @@ class Stage(BaseStage):
     def prepare(cls, t, log) -> dict:
         """In the supervisor, before forking: the socket (it outlives a killed reader), and a
         journal directory that cannot be written is an error now, not a restart loop."""
-        sock = open_socket(t.link.bind_address, t.link.port, t.link.receive_buffer_bytes, log)
+        receiving = open_socket(t, log)
         try:
             journal = open_journal(t)
         except DiodeError:
-            sock.close()
+            receiving.close()
             raise
         if journal is not None:
             journal.close()
-        return {"socket": sock}
+        return {"receiving": receiving}
 
     def open(self):
         ctx = self.ctx
@@ -115,9 +120,14 @@ class Stage(BaseStage):
         self.outs = [self.outbox(transport.push(ctx.zmq, [e], ctx.hwm))
                      for e in ctx.peers("out")]
         self.control = transport.pull(ctx.zmq, ctx.bound("control"), 64)
-        inherited = ctx.inherited.get("socket")
-        self.sock = inherited or open_socket(link.bind_address, link.port,
-                                             link.receive_buffer_bytes, self.log)
+        self.receiving = ctx.inherited.get("receiving") or open_socket(self.t, self.log)
+        self.sock = self.receiving.sock
+        # Datagrams from addresses not admitted: dropped by the kernel, or here where it
+        # refused the filter (diode.link.admission), before anything looks at them.
+        self.admits = (self.receiving.admits if self.receiving.where == admission.READER
+                       else None)
+        self.filtered = 0  # (counted here where the reader filters)
+        self.metrics.set("source_filter", self.receiving.where)
         # Non-blocking, waiting in poll() alone: a socket with a timeout makes Python wait for
         # readiness even with MSG_DONTWAIT, so a burst read in one go would take as long as the
         # datagrams took to come, held in memory, not journaled (lost to a kill -9 meanwhile).
@@ -193,8 +203,10 @@ class Stage(BaseStage):
 
     def _receive(self, block: bool) -> list:
         """Datagrams waiting on the socket (waiting up to its timeout when `block`), as many as
-        the journal has room for; none while the unpackers are behind and there is no journal
-        to hold them (the kernel buffer absorbs the burst)."""
+        the journal has room for, in at most as many receive calls: a step ends however many
+        of them are dropped here (a flood of datagrams not ours would otherwise keep it
+        reading, unbeating, until the supervisor kills it); none while the unpackers are
+        behind and there is no journal to hold them (the kernel buffer absorbs the burst)."""
         if not all(o.flush() for o in self.outs) and (self.journal is None or
                                                         self.journal_failing):
             return []
@@ -211,18 +223,22 @@ class Stage(BaseStage):
             return out
         calls = total = 0
         try:
-            while len(out) < limit:
+            while len(out) < limit and calls < limit:
                 if self.gro:
-                    nbytes, anc, _, _ = self.sock.recvmsg_into([self.buf],
-                                                                offload.GRO_CMSG_SPACE)
-                    datagrams = offload.segments(self.view, nbytes,
-                                                 offload.segment_size(anc))
+                    nbytes, anc, _, source = self.sock.recvmsg_into([self.buf],
+                                                                     offload.GRO_CMSG_SPACE)
+                    size = offload.segment_size(anc)
+                elif self.admits is not None:
+                    nbytes, source = self.sock.recvfrom_into(self.buf)
+                    size = None
                 else:
-                    nbytes = self.sock.recv_into(self.buf)
-                    datagrams = [bytes(self.view[:nbytes])]
+                    nbytes, size = self.sock.recv_into(self.buf), None
                 calls += 1
                 total += nbytes
-                self._accept(out, datagrams)
+                if self.admits is not None and not self.admits(source[0]):
+                    self.filtered += -(-nbytes // size) if size else 1
+                    continue
+                self._accept(out, offload.segments(self.view, nbytes, size))
         except BlockingIOError:
             pass
         except OSError as exc:
@@ -430,12 +446,16 @@ class Stage(BaseStage):
 
     def sample_metrics(self):
         super().sample_metrics()
-        kernel = udpstat.of(self.sock)
+        kernel, counter = udpstat.of(self.sock, self.receiving.counter)
         if kernel is not None:  # datagrams lost to a full receive buffer: the reader was late
             self.metrics.set("socket_drops", kernel["drops"])
             self.metrics.set("socket_queue_bytes", kernel["rx_queue"])
+        if counter is not None:  # what the kernel's source filter dropped (exactly)
+            self.metrics.set("source_filtered_datagrams", counter["drops"])
+        elif self.admits is not None:
+            self.metrics.set("source_filtered_datagrams", self.filtered)
 
     def close(self):
         if self.journal is not None:
             self.journal.close()  # (fsyncs first under policy interval)
-        self.sock.close()
+        self.receiving.close()

@@ -170,7 +170,8 @@ def write_topology(tmp_path, source: str, destination: str, **overrides) -> Path
     data = {
         "name": "test",
         "link": {"host": "127.0.0.1", "port": free_port(socket.SOCK_DGRAM),
-                 "bind.address": "127.0.0.1", "datagram.size.bytes": 8972, "rate.mbps": 200},
+                 "bind.address": "127.0.0.1", "source.addresses": ["127.0.0.1"],
+                 "datagram.size.bytes": 8972, "rate.mbps": 200},
         "security": {"password.file": "password", "salt": "test salt"},
         "sender": {"kafka": {"bootstrap.servers": source}, "topics": ["src"],
                    "refresh.topics.interval.seconds": 1, "offset.commit.interval.ms": 300,

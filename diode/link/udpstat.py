@@ -1,6 +1,7 @@
 """What the kernel says of a UDP socket (Linux /proc/net/udp and udp6): the bytes waiting in its
-receive buffer and the datagrams it dropped because that buffer was full. Nothing else tells
-a diode receiver that it lost datagrams to its own slowness."""
+receive buffer and the datagrams it dropped: because that buffer was full, or because its
+socket filter refused them (the kernel counts both alike: diode.link.admission keeps them
+apart). Nothing else tells a diode receiver that it lost datagrams to its own slowness."""
 
 import os
 from pathlib import Path
@@ -25,7 +26,8 @@ def sockets(pid: int | None = None):
                 continue
 
 
-def of(sock) -> dict | None:
-    """This socket's entry (by its inode), or None when the kernel does not show it."""
-    inode = os.fstat(sock.fileno()).st_ino
-    return next((s for s in sockets() if s["inode"] == inode), None)
+def of(*socks) -> tuple:
+    """Each socket's entry (by its inode), None for one the kernel does not show (or None)."""
+    inodes = [os.fstat(s.fileno()).st_ino if s is not None else None for s in socks]
+    found = {s["inode"]: s for s in sockets() if s["inode"] in inodes}
+    return tuple(found.get(inode) for inode in inodes)

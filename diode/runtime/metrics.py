@@ -31,7 +31,7 @@ log = logging.getLogger("diode.runtime.metrics")
 
 # gauges whose value only grows (but for a process restart): exported as counters
 CUMULATIVE = frozenset({"cpu_seconds", "output_blocked_seconds", "records", "duplicates",
-                        "socket_drops"})
+                        "socket_drops", "source_filtered_datagrams"})
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                    300.0)
 # one step of a worker's loop: 0.1 ms (a step with nothing to do) to 10 s (a loop that blocked;
@@ -129,8 +129,18 @@ CATALOG = {
     "syscalls": Metric("counter", ("udp_sender", "udp_reader"), "Send or receive calls on the "
                        "link's socket (fewer than datagrams with GSO or GRO)"),
     "socket_drops": Metric("gauge", ("udp_reader",), "Datagrams the kernel dropped: the "
-                           "socket's buffer was full"),
+                           "socket's buffer was full (with a source filter the kernel cannot "
+                           "count apart, those it filtered too: the log says so at start)"),
     "socket_queue_bytes": Metric("gauge", ("udp_reader",), "Bytes waiting in the socket"),
+    "source_filter": Metric("gauge", ("udp_reader",), "Where datagrams from addresses not in "
+                            "link.source.addresses are dropped: 2 in the kernel (a socket "
+                            "filter), 1 by the udp_reader (the kernel refused the filter), 0 "
+                            "nowhere (the setting is empty: anyone can reach the port)"),
+    "source_filtered_datagrams": Metric(
+        "gauge", ("udp_reader",), "Datagrams from addresses not in link.source.addresses, "
+        "dropped before anything read them (by the kernel, counted exactly but for a batch a "
+        "NIC coalesced, which counts once; or by the udp_reader): someone on the low network "
+        "is sending to the port (docs/threat-model.md)"),
     "journal_bytes": Metric("gauge", ("udp_reader",), "Size of the receive journal"),
     "journal_unforwarded_bytes": Metric("gauge", ("udp_reader",), "Journaled, not yet "
                                         "forwarded (the unpackers and writers are behind)"),

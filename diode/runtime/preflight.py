@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 import psutil
 
 from diode.errors import ClusterError, DiodeError, SecretError
-from diode.link import crypto
+from diode.link import admission, crypto
 from diode.runtime import launches, statedir
 from diode.runtime import topology as topo
 from diode.runtime.topology import FILE_KAFKA_KEYS, REFERENCE, yaml_key
@@ -70,6 +70,8 @@ def check(t, sides=topo.SIDES, timeout: float = CLUSTER_TIMEOUT_SECONDS,
             report.add(journal_dir(t))
         report.add(directories(t, sides))
         report.add(ports)
+        if "receiver" in sides:
+            report.add(admission_report(t))
         for future in asked:
             report.add(future.result())
     return report
@@ -424,6 +426,37 @@ def _holder(proto: str, address: str) -> str:
             return (f": diode launch pid {entry['pid']} of topology {other.name!r} "
                     f"({entry['topology']})")
     return " (is another receiver running?)" if proto == "udp" else ""
+
+
+def admission_report(t) -> Report:
+    """Who can reach the receiver's port: the address it binds (link.bind.address, auto: the
+    one link.host names where this host holds it) and the senders it admits
+    (link.source.addresses, filtered in the kernel where it takes the filter)."""
+    report = Report()
+    link = t.link
+    where = f"udp {link.bind_address}:{link.port}"
+    if link.bind_address_note and admission.every_address(link.bind_address):
+        report.warnings.append(f"link.bind.address: {link.bind_address_note}")
+    elif link.bind_address_note:
+        report.notes.append(f"{where} (link.bind.address {link.bind_address_note})")
+    elif admission.every_address(link.bind_address):
+        report.notes.append(f"{where} (link.bind.address): every address of this host")
+    if not link.source_addresses:
+        report.warnings.append("link.source.addresses is empty: "
+                               + admission.unfiltered(link.bind_address, link.port))
+        return report
+    admitted = admission.describe(admission.networks(link.source_addresses))
+    refused = admission.kernel_filter_refused()
+    if refused:
+        report.warnings.append(
+            f"link.source.addresses: this kernel refuses the source filter ({refused}): the "
+            f"udp_reader drops datagrams from addresses other than {admitted} itself, after "
+            "reading them (a flood still costs it its reads)")
+    else:
+        report.notes.append(f"link.source.addresses: datagrams from {admitted} alone reach "
+                            f"{where}, the others dropped by the kernel (a socket filter; "
+                            "diode_source_filtered_datagrams_total)")
+    return report
 
 
 # -- the clusters ------------------------------------------------------------------------------

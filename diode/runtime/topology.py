@@ -8,6 +8,7 @@ through to librdkafka unchanged.
 
 import dataclasses
 import difflib
+import ipaddress
 import os
 import re
 import types
@@ -19,6 +20,7 @@ import yaml
 
 from diode.accounting import events
 from diode.errors import TopologyError
+from diode.link import admission
 
 SIDES = ("sender", "receiver")
 PIPELINES = {
@@ -60,6 +62,16 @@ def host_port(v):
     host, sep, p = v.rpartition(":")
     if not sep or not host or not p.isdigit() or not 0 < int(p) < 65536:
         return f"must be host:port, not {v!r}"
+    return None
+
+
+def auto_or_address(v):
+    if v == "auto":
+        return None
+    try:
+        ipaddress.ip_address(v)
+    except ValueError:
+        return f"must be auto or an IP address of the receiving host, not {v!r}"
     return None
 
 
@@ -160,7 +172,24 @@ class LinkSettings:
     host: str = setting("127.0.0.1", "Address the sender sends datagrams to: the receiver host, "
                         "as seen across the diode.")
     port: int = setting(3456, "UDP port of the receiver.", port)
-    bind_address: str = setting("0.0.0.0", "Address the receiver binds its UDP socket to.")
+    bind_address: str = setting(
+        "auto", "Address the receiver binds its UDP socket to. auto: link.host where that is an "
+        "address of the receiving host (the address the diode delivers to), so the port is not "
+        "open on the host's other networks; where it is not (a diode that delivers to another "
+        "address than the sender sends to), every address, with a warning at start and in "
+        "diode check: then write the address here. 0.0.0.0: every address, when written.",
+        auto_or_address)
+    source_addresses: list = setting(
+        [], "The addresses the diode's datagrams come from, as the receiving host sees them "
+        "(the sending host's link address, or the diode's own where it sends them on): IPv4 "
+        "addresses or CIDR blocks. The receiver admits datagrams from these alone: a socket "
+        "filter drops the others in the kernel before they take room in the receive buffer, "
+        "counted in diode_source_filtered_datagrams_total (where the kernel refuses the "
+        "filter, the udp_reader drops them before reading anything in them, with a warning). "
+        "Empty: any "
+        "host that reaches the port is read, and a flood of the port crowds out the diode's "
+        "datagrams (a warning at start; docs/threat-model.md).", admission.problems,
+        example=["10.20.0.1"])
     datagram_size_bytes: int | str = setting(
         "auto", "Largest datagram sent, header included. auto: the MTU of the device toward "
         "host, less the IP and UDP headers (1472 for an MTU of 1500, 8972 for jumbo frames, "
@@ -197,8 +226,9 @@ class LinkSettings:
     gro_enabled: bool = setting(
         True, "The receiver takes many datagrams per call from the kernel (UDP GRO); where "
         "the kernel refuses, one per call (logged, diode_udp_offload 0).")
-    # Not a setting: how datagram.size.bytes was chosen (auto: the device and its MTU).
+    # Not settings: how datagram.size.bytes and bind.address were chosen (auto).
     datagram_size_note: str = ""
+    bind_address_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -644,7 +674,7 @@ def from_dict(data, path="<memory>", cpu_count: int | None = None) -> Topology:
         raw_brokers = []
     for i, b in enumerate(raw_brokers):
         brokers.append(_build(BrokerSettings, b, f"brokers[{i}]", problems))
-    sections["link"] = _datagram_size(sections["link"])
+    sections["link"] = _bind_address(_datagram_size(sections["link"]))
     topo = dataclasses.replace(base, brokers=brokers, path=path, **sections)
     problems += _cross_checks(topo)
     if problems:
@@ -664,6 +694,12 @@ def _datagram_size(link: LinkSettings) -> LinkSettings:
             f"auto: no route to {link.host} known here, so 1472 (an MTU of 1500)"))
     return dataclasses.replace(link, datagram_size_bytes=size, datagram_size_note=(
         f"auto: MTU {found.mtu} of {found.device} toward {link.host}"))
+
+
+def _bind_address(link: LinkSettings) -> LinkSettings:
+    """`auto` made an address: link.host where this host holds it (diode.link.admission)."""
+    address, note = admission.bind_address(link.host, link.bind_address)
+    return dataclasses.replace(link, bind_address=address, bind_address_note=note)
 
 
 def _cross_checks(t: Topology) -> list[str]:
@@ -691,6 +727,10 @@ def _cross_checks(t: Topology) -> list[str]:
         if "next.password.file" in nexts or "next.password.env" in nexts:
             if not sec.salt:
                 problems.append("security.salt: required with a password")
+    if t.link.source_addresses and ":" in t.link.bind_address:
+        problems.append(f"link.source.addresses: the source filter takes IPv4 senders, and "
+                        f"link.bind.address is {t.link.bind_address} (IPv6): bind an IPv4 "
+                        "address, or filter in the firewall (docs/threat-model.md)")
     if not t.sender.topics and not t.sender.topics_regex:
         problems.append("sender: name at least one topic in topics or topics.regex")
     for side in SIDES:

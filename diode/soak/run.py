@@ -339,6 +339,7 @@ class Soak:
             link = data.setdefault("link", {})
             link["host"] = "127.0.0.1"
             link["bind.address"] = "127.0.0.1"
+            link["source.addresses"] = ["127.0.0.1"]  # (link-sim's, on this host)
             link["port"] = ports["sim"] if side == "sender" else ports["receiver"]
             files[side] = self.out / f"topology-{side}.yaml"
             files[side].write_text(yaml.safe_dump(data, sort_keys=False))

@@ -294,7 +294,8 @@ class Bench:
             s["kafka"], r["kafka"] = copy.deepcopy(own), copy.deepcopy(own)
         port = embedded.free_port(socket.SOCK_DGRAM)
         link = data.setdefault("link", {})
-        link.update({"host": "127.0.0.1", "port": port, "bind.address": "127.0.0.1"})
+        link.update({"host": "127.0.0.1", "port": port, "bind.address": "127.0.0.1",
+                     "source.addresses": ["127.0.0.1"]})
         if datagram_bytes:
             link["datagram.size.bytes"] = datagram_bytes
         if link_mbps is not None:

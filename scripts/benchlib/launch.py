@@ -20,8 +20,9 @@ SENDER_COMMIT_INTERVAL_MS = 100
 def topology(b: Bench, name: str, src: str, dst: str, topic: str, prefix: str, udp_port: int,
              run_dir: str, rate_mbps: float, extra: dict | None = None) -> dict:
     """The bench's topology (both sides; `diode launch --side` picks one): AES-256-GCM with
-    a password file and salt, the workers and link settings of the command line, then
-    `extra` and every --set on top."""
+    a password file and salt, the workers and link settings of the command line (the receiver
+    admitting the sending host's address alone, as deployed), then `extra` and every --set on
+    top."""
     args = b.args
 
     def stages(**counts):
@@ -31,6 +32,7 @@ def topology(b: Bench, name: str, src: str, dst: str, topic: str, prefix: str, u
         "name": name,
         "compression": args.compression,
         "link": {"host": b.res.link_host, "port": udp_port, "bind.address": b.res.link_host,
+                 "source.addresses": [b.res.link_source],
                  "datagram.size.bytes": args.datagram_bytes, "rate.mbps": rate_mbps,
                  "receive.buffer.bytes": args.receive_buffer,
                  "gso.enabled": not args.no_offload, "gro.enabled": not args.no_offload},

@@ -24,14 +24,19 @@ def udp_rcvbuf_errors() -> int:
 
 
 def udp_socket(port: int, host: str = "127.0.0.1", pid: int | None = None) -> dict | None:
-    """The socket bound to `host`:`port` as /proc/net/udp shows it (that of `pid`'s network
-    namespace with a pid): `rx_queue`, the bytes waiting in its receive buffer (as the kernel
-    charges them, overhead included), and `drops`, the datagrams discarded because that buffer
-    was full. None while nothing is bound there."""
+    """The sockets bound to `host`:`port` as /proc/net/udp shows them (that of `pid`'s network
+    namespace with a pid), summed: `rx_queue`, the bytes waiting in their receive buffers (as
+    the kernel charges them, overhead included), and `drops`, the datagrams discarded because a
+    buffer was full (or a source filter refused them). A receiver with link.source.addresses
+    holds two: the one it reads, and the one that counts what its filter drops
+    (diode.link.admission). None while nothing is bound there."""
     from diode.link import udpstat
     want = f"{socket.inet_aton(host)[::-1].hex().upper()}:{port:04X}"
-    return next(({"rx_queue": s["rx_queue"], "drops": s["drops"]}
-                 for s in udpstat.sockets(pid) if s["local"] == want), None)
+    found = [s for s in udpstat.sockets(pid) if s["local"] == want]
+    if not found:
+        return None
+    return {"rx_queue": sum(s["rx_queue"] for s in found),
+            "drops": sum(s["drops"] for s in found)}
 
 
 def udp_socket_drops(port: int, host: str = "127.0.0.1", pid: int | None = None) -> int | None:

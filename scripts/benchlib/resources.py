@@ -158,6 +158,12 @@ class Resources:
         """The receiving host's address: the test bed's far end, or 127.0.0.1."""
         return self.bed.low if self.bed is not None else "127.0.0.1"
 
+    @property
+    def link_source(self) -> str:
+        """The sending host's address, which the receiver admits: the test bed's near end, or
+        127.0.0.1."""
+        return self.bed.high if self.bed is not None else "127.0.0.1"
+
 
 def read_line(p: subprocess.Popen, prefix: str, timeout: float) -> str | None:
     """The next line of `p`'s stdout (a pipe) that starts with `prefix`, waiting at most

@@ -142,6 +142,7 @@ class World:
         self.link_port, self.metrics_port = free_port(), free_port()
         self.names = {"kafka-high:9093": source, "kafka-low:9092": destination,
                       "10.20.0.2:3456": f"127.0.0.1:{self.link_port}",
+                      "from 10.20.0.1 alone": "from 127.0.0.1 alone",
                       "127.0.0.1:9465": f"127.0.0.1:{self.metrics_port}"}
         self.source, self.destination = source, destination
         self.hosts = {"receiving": Host("receiving", "receiver", tmp, self),
@@ -158,7 +159,7 @@ def topology(host: Host) -> dict:
     return {
         "name": "plant1", "compression": "zstd",
         "link": {"host": "127.0.0.1", "port": host.world.link_port,
-                 "bind.address": "127.0.0.1", "rate.mbps": 200},
+                 "source.addresses": ["127.0.0.1"], "rate.mbps": 200},
         "security": {"key.file": host.paths("/etc/diode/plant1.key0"), "key.id": 0},
         "sender": {"kafka": {"bootstrap.servers": host.world.source},
                    "topics": ["orders", "telemetry"]},

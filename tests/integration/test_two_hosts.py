@@ -43,11 +43,13 @@ def two_hosts(bed, start_brokers, broker_kind) -> tuple:
 
 
 def two_host_topology(tmp_path, bed, src, dst, link=None):
-    """Both sides' topology: the link to the receiving host over the pair, its size auto."""
+    """Both sides' topology: the link to the receiving host over the pair, its size auto; the
+    receiver binds link.host (auto) and admits the sending host's address alone."""
     port = free_port(socket.SOCK_DGRAM)
     topo = write_topology(
         tmp_path, src.bootstrap, dst.bootstrap,
-        link={"host": bed.low, "port": port, "bind.address": bed.low,
+        link={"host": bed.low, "port": port, "bind.address": "auto",
+              "source.addresses": [bed.high],
               "datagram.size.bytes": "auto", "rate.mbps": 100, **(link or {})},
         receiver={"missing.records.topic": "missing", "reorder.wait.ms": 500,
                   "checkpoint.interval.ms": 500},

@@ -1,5 +1,6 @@
 """Stages driven step by step in this process, wired with in-memory (inproc) ZeroMQ sockets."""
 
+import dataclasses
 import socket
 import struct
 import tempfile
@@ -10,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import zmq
 
 from diode.kafka import identity
-from diode.link import crypto, runs, wire
+from diode.link import admission, crypto, runs, wire
 from diode.runtime import transport
 from diode.runtime.metrics import Metrics
 from diode.link.records import NO_INCARNATION, Record, partition_owner
@@ -228,6 +229,57 @@ def test_udp_reader_routes_by_key_and_drops_what_is_not_ours(zctx):
     assert all(routed)  # (keys 1..10 reach both)
     assert r.metrics.get("rejects", reason="truncated") == 2
     assert r.metrics.get("rejects", reason="bad_version") == 1
+    r.close()
+
+
+@pytest.mark.parametrize("gro", [True, False])
+@pytest.mark.parametrize("kernel", [True, False])
+def test_udp_reader_reads_nothing_from_an_address_not_admitted(zctx, monkeypatch, kernel, gro):
+    """link.source.addresses 127.0.0.1: datagrams from 127.0.0.2, even sealed with the link's
+    key, never reach an unpacker; the kernel drops them unread, or the reader (where the kernel
+    refuses the filter) before it looks at them, both counted in source_filtered_datagrams."""
+    if not kernel:
+        def refuse(sock, option, prog):
+            raise OSError(1, "Operation not permitted")
+        monkeypatch.setattr(admission, "attach", refuse)
+    t = topology(unpacker=1)
+    t = dataclasses.replace(t, link=dataclasses.replace(t.link, source_addresses=["127.0.0.1"],
+                                                        gro_enabled=gro))
+    unpacker = sink(zctx, "receiver", "unpacker")
+    r = make_stage(zctx, t, "receiver", "udp_reader")
+    sealer = wire.Sealer(crypto.SessionCipher(1, MASTER, 5), "none")
+    ours = [sealer.seal(b"ours %d" % i) for i in range(10)]
+    for address, datagrams in (("127.0.0.2", [sealer.seal(b"flood")] * 30 + [b"junk"] * 10),
+                               ("127.0.0.1", ours)):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((address, 0))
+            for dg in datagrams:
+                s.sendto(dg, ("127.0.0.1", t.link.port))
+    run_until(r, lambda: r.metrics.get("datagrams") == 10)
+    r.step()
+    r.sample_metrics()
+    assert [bytes(d) for frames in transport.drain(unpacker) for d in datagrams_in(frames)] \
+        == ours
+    assert r.metrics.get("source_filtered_datagrams") == 40
+    assert r.metrics.get("source_filter") == (admission.KERNEL if kernel else admission.READER)
+    assert r.metrics.get("rejects", reason="bad_magic") == 0  # (the junk was never looked at)
+    r.close()
+
+
+def test_a_flood_of_datagrams_not_ours_ends_the_udp_readers_step(zctx):
+    """A step reads at most as many datagrams as it forwards at once, however many it drops:
+    reading until the socket is empty, a flood that never empties it kept the reader in one
+    step, beating no heartbeat, until the supervisor killed it (every record meanwhile lost)."""
+    t = topology(unpacker=1)
+    sink(zctx, "receiver", "unpacker")
+    r = make_stage(zctx, t, "receiver", "udp_reader")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _ in range(1000):
+            s.sendto(b"not ours" * 20, ("127.0.0.1", t.link.port))
+    time.sleep(0.1)
+    r.step()
+    assert r.metrics.get("datagrams") == udp_reader.BATCH_DATAGRAMS
+    run_until(r, lambda: r.metrics.get("rejects", reason="bad_magic") == 1000)
     r.close()
 
 

@@ -217,7 +217,7 @@ def test_check_side_shows_that_side_only(tmp_path):
     assert receiver.returncode == 0, receiver.stderr
     assert "receiver/unpacker-0" in receiver.stdout and "receive journal" in receiver.stdout
     assert "sender/" not in receiver.stdout and "broker high" not in receiver.stdout
-    assert "sender.kafka" not in receiver.stderr and "source" not in receiver.stderr
+    assert "sender.kafka" not in receiver.stderr and "source cluster" not in receiver.stderr
 
 
 @pytest.mark.parametrize("command", ["check", "launch"])
@@ -230,3 +230,30 @@ def test_a_yaml_error_names_its_file_line_and_column(tmp_path, command):
     assert f"{bad}: 1 error(s)\n  line 4, column 2: not valid YAML: expected <block end>, " \
         "but found '<block mapping start>'" in r.stderr, r.stderr
     assert "<unicode string>" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_check_says_who_can_reach_the_receivers_port(tmp_path):
+    """The bind address auto chose and the source filter, or a warning for each opening: no
+    filter, or every address bound because link.host is not this host's."""
+    t = load(tmp_path, link={"bind.address": "auto"})
+    found = preflight.admission_report(t)
+    assert f"udp 127.0.0.1:{t.link.port} (link.bind.address auto: link.host, an address of " \
+        "this host)" in found.notes
+    assert found.notes[-1] == (
+        "link.source.addresses: datagrams from 127.0.0.1 alone reach udp "
+        f"127.0.0.1:{t.link.port}, the others dropped by the kernel (a socket filter; "
+        "diode_source_filtered_datagrams_total)")
+    assert found.warnings == []
+    t = load(tmp_path, link={"host": "192.0.2.7", "bind.address": "auto",
+                             "source.addresses": []})
+    found = preflight.admission_report(t)
+    assert found.warnings == [
+        "link.bind.address: auto: link.host 192.0.2.7 is not an address of this host, so every "
+        "address (0.0.0.0); set link.bind.address to the address the diode's datagrams come to",
+        f"link.source.addresses is empty: any host that reaches udp 0.0.0.0:{t.link.port} is "
+        "read, and a flood of datagrams from the low network crowds out the diode's own; name "
+        "the diode's sending address there and filter the port in the firewall "
+        "(docs/threat-model.md)"]
+    r = check(write_topology(tmp_path, "127.0.0.1:1", "127.0.0.1:2",
+                             link={"source.addresses": []}), "--side", "receiver")
+    assert r.returncode == 0 and "warning: link.source.addresses is empty" in r.stderr, r.stderr

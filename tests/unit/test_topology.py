@@ -513,3 +513,23 @@ def test_schemas_go_to_their_own_topic_and_nothing_else_writes_there():
         sender={"schemas": True, "topics": ["schemas"]},
         receiver={"kafka": {"bootstrap.servers": "low:9092"}, "topic.prefix": "_"}))
     assert any(p.startswith("sender.topics (schemas):") for p in problems)
+
+
+def test_the_receivers_address_and_its_senders_are_checked():
+    """link.bind.address auto binds link.host where this host holds it; a bind address or a
+    source address that is not one is an error naming the key."""
+    t = topology.from_dict(minimal(link={"host": "127.0.0.1",
+                                         "source.addresses": ["127.0.0.1", "10.20.0.0/30"]}))
+    assert (t.link.bind_address, t.link.bind_address_note) == (
+        "127.0.0.1", "auto: link.host, an address of this host")
+    assert t.link.source_addresses == ["127.0.0.1", "10.20.0.0/30"]
+    assert problems_of(minimal(link={"bind.address": "receiver-host",
+                                     "source.addresses": ["10.20.0.1/24"]})) == [
+        "link.bind.address: must be auto or an IP address of the receiving host, not "
+        "'receiver-host'",
+        "link.source.addresses: '10.20.0.1/24' is not an IPv4 address or CIDR block: "
+        "10.20.0.1/24 has host bits set (the block is 10.20.0.0/24)"]
+    assert problems_of(minimal(link={"bind.address": "::", "source.addresses": ["10.0.0.1"]})) \
+        == ["link.source.addresses: the source filter takes IPv4 senders, and "
+            "link.bind.address is :: (IPv6): bind an IPv4 address, or filter in the firewall "
+            "(docs/threat-model.md)"]
