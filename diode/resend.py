@@ -29,6 +29,7 @@ expired or, dry, lies past a partition's end.
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 from typing import NamedTuple
@@ -273,9 +274,30 @@ def dry_run(t, found: list[Span], refused: list[str], deadline: float, out=sys.s
 
 # -- the command ---------------------------------------------------------------------------------
 
+def with_settings(t, overrides, bootstrap: str | None):
+    """Topology `t` with `overrides` ((key, value) pairs, as -X gives them) and `bootstrap` over
+    its sender.kafka, for the dry run and the pipeline alike. A ${file:PATH} given here is
+    relative to where the command runs, so it is made absolute (the launch places a relative one
+    by the topology file); secrets stay references, read where each client is made."""
+    from diode.runtime.topology import REFERENCE
+    if not overrides and not bootstrap:
+        return t
+
+    def placed(value: str) -> str:
+        return REFERENCE.sub(lambda m: "${file:%s}" % os.path.abspath(m.group(2))
+                             if m.group(1) == "file" else m.group(0), value)
+    kafka = {**t.sender.kafka, **{key: placed(value) for key, value in overrides}}
+    if bootstrap:
+        kafka["bootstrap.servers"] = bootstrap
+    return dataclasses.replace(t, sender=dataclasses.replace(t.sender, kafka=kafka))
+
+
 def cmd_resend(args) -> int:
+    from diode.kafka.cluster import of_topology, reach
     from diode.ticket_command import manifest_problem
     t = topo.load(args.topology)
+    source = of_topology(t, "sender", args.kafka, args.bootstrap, what="the source cluster")
+    t = with_settings(t, args.kafka, args.bootstrap)
     try:
         manifest = json.loads(open(args.manifest).read())
         problem = manifest_problem(t, manifest)
@@ -288,6 +310,9 @@ def cmd_resend(args) -> int:
     if problems:
         raise DiodeError(f"{args.manifest} is refused, nothing resent:\n  " +
                          "\n  ".join(problems))
+    # the source first: a refused password or certificate, or no answer, is one error naming
+    # the setting (diode.kafka.cluster), before the pipeline would wait on it
+    reach(source, args.connect_timeout)
     found, refused, unchecked = source_state(t, entries)
     if unchecked:
         log.warning("resending ranges of %s unchecked: no topic id to tell whether they are of "
@@ -336,4 +361,9 @@ def add_parser(sub) -> None:
     p.add_argument("--timeout", type=float, default=DRY_RUN_TIMEOUT, metavar="SECONDS",
                    help="how long --dry-run may read for (default %(default)g)")
     p.add_argument("--run-dir", help="directory for ipc endpoints and metrics")
+    from diode.kafka.cluster import CONNECT_TIMEOUT_SECONDS, add_options
+    add_options(p, "sender", topology=False)
+    p.add_argument("--connect-timeout", type=float, default=CONNECT_TIMEOUT_SECONDS,
+                   metavar="SECONDS", help="how long the source cluster may take to answer "
+                   "its first question, before anything is read or sent (default %(default)g)")
     p.set_defaults(func=cmd_resend)

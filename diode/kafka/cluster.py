@@ -1,6 +1,6 @@
 """The Kafka cluster a command talks to: its client settings, given the same way to every
-command that reads or writes one (`diode produce`, `consume`, `verify`, `tickets`; `diode
-resend` through `of_topology`), and a first question to it that fails clearly.
+command that reads or writes one (`diode produce`, `consume`, `verify`, `tickets`, `resend`),
+and a first question to it that fails clearly.
 
 The settings come from, each over the one before:
 

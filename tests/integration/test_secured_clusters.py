@@ -1,6 +1,6 @@
 """Every command that talks to a cluster takes its client settings the same way
 (diode.kafka.cluster, docs/clients.md): `--topology FILE` (a side's kafka section, its secrets
-read as the launch reads them) or `-X KEY=VALUE`, against an Apache Kafka broker whose only
+read as the launch reads them) or `-X KEY=VALUE` (produce, consume, verify, tickets, resend), against an Apache Kafka broker whose only
 client listener is SASL/SCRAM over TLS, with a certificate of a CA the test makes. Both
 clusters are that broker (the source topic and the destination's beside it): one JVM."""
 
@@ -70,6 +70,17 @@ def test_every_command_reads_and_writes_a_sasl_ssl_cluster_with_the_topology_or_
     tickets = wait_for(opened, 60, "the ticket of the records sent while the receiver was down")
     assert [(t["topic"], t["partition"], t["first"], t["last"]) for t in tickets] == \
         [("diode", 0, 5, 7)], tickets
+    # its manifest, carried to the high side: what a resend would send, read from the secured
+    # source with the topology's settings; a wrong password there is the same clear error
+    manifest = tmp_path / "manifest.json"
+    run("tickets", topology, "--manifest", manifest)
+    out, _ = run("resend", manifest, "--topology", topology, "--dry-run")
+    assert "would send 3 record(s) of 1 range(s) in 1 partition(s)" in out, out
+    out, took = run("resend", manifest, "--topology", topology, "--dry-run",
+                    "-X", "sasl.password=not-the-password", expect=2)
+    assert "authentication failed for sasl.username=diode (SCRAM-SHA-256 over SASL_SSL): " \
+        "check sasl.password (given with -X)" in out, out
+    assert took < CONNECT_TIMEOUT_SECONDS, took
     out, _ = run("consume", "--topology", topology, "--topic", "dest_diode", "--count", "6",
                  "--timeout", "30")
     assert [line.split()[1] for line in out.splitlines() if line.startswith("dest_diode")] == \
