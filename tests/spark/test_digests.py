@@ -197,14 +197,16 @@ def claiming(offset: int, topic_id: str | None, value: bytes = b"forged") -> dic
 
 
 def test_a_record_no_digest_proves_is_named_unproven_with_its_destination_offset(
-        start_brokers, broker_kind, verify_here, tmp_path):
+        start_brokers, verify_here, tmp_path):
     """Issue 34: 3 000 records copied, then two written straight into the destination topic
     claiming src[0] offset 10, one with the real sourceTopicId and one without any. The first
     was found altered, the second taken as a record of a diode older than topic ids, proven by
     nothing (alone, the audit passed: exit 0). Now every record of the audited topics is
     proven by a digest or named unproven, with its destination offset and why (exit 1);
-    records without a topic id pass unproven only with --allow-without-topic-id, counted."""
-    (dst,) = start_brokers(broker_kind, "destination")
+    records without a topic id pass unproven only with --allow-without-topic-id, counted.
+    On Tansu alone: what is checked does not depend on the broker (the first test of this file
+    checks a real diode's copy on both), and on Apache Kafka the same took 29 s, not 21."""
+    (dst,) = start_brokers("tansu", "destination")
     plant_copy(dst.bootstrap)
     report = tmp_path / "report.json"
 
