@@ -13,8 +13,9 @@ import time
 
 
 def main(args) -> int:
-    """`diode verify`: exit 0 when nothing is missing (or lost or altered), 1 otherwise, 2 when
-    it could not audit everything (a read short of what the partitions held, an error)."""
+    """`diode verify`: exit 0 when nothing is missing (or lost, altered, incomplete or
+    unproven), 1 otherwise, 2 when it could not audit everything (a read short of what the
+    partitions held, an error)."""
     try:
         import pyspark  # noqa: F401
     except ModuleNotFoundError:
@@ -25,6 +26,10 @@ def main(args) -> int:
     from diode.spark import stream
     from diode.spark.coverage import ShortRead
     from diode.spark.verify import cause, say
+    if args.allow_without_topic_id and not args.digest_topic:
+        say("--allow-without-topic-id says which records pass the digests' proof unproven: "
+            "give it with --digest-topic")
+        return 2
     try:
         destination, source = clusters(args)
         if args.stream:
@@ -127,7 +132,7 @@ def audit_once(args, destination, source=None) -> int:
     t = rep["totals"]
     d = rep.get("digests") or {}
     return 1 if t["missing"] or t.get("lost") or t.get("altered") or d.get("altered") or \
-        d.get("incomplete") else 0
+        d.get("incomplete") or d.get("unproven") else 0
 
 
 def read_checked(spark, cluster, pattern: str, held: dict, mode: str, keep) -> tuple:
@@ -167,18 +172,30 @@ def rate(n: int, seconds: float) -> str:
 
 def check_digests(spark, rows, destination, args) -> dict:
     """The destination against the sender's digests (diode.spark.digests): the report's
-    `digests`."""
+    `digests`. Every record of the audited topics but those of the receiver's own topics named
+    here (digests, missing records, heartbeats) is proven or named unproven."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
     from diode.spark import digests
     from diode.spark.verify import say
     say(f"checking the destination against the sender's digests in {args.digest_topic}")
     started = time.monotonic()
-    found = digests.extract_digests(spark, destination, args.digest_topic, args.format)
-    judged = [r.asDict(recursive=True) for r in
-              digests.check(rows, found, args.written_at_header).collect()]
+    own = [t for t in (args.digest_topic, args.missing_records_topic, args.heartbeat_topic)
+           if t]
+    d = digests.numbered(digests.extract_digests(spark, destination, args.digest_topic,
+                                                 args.format))
+    placed = digests.place(rows.where(~F.col("topic").isin(own)), d, args.written_at_header) \
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    judged = [r.asDict(recursive=True) for r in digests.judge(placed, d).collect()]
+    loose = [r.asDict() for r in digests.unproven(placed, d).collect()]
+    placed.unpersist()
     reported = digests.reported_missing(destination, args.missing_records_topic) \
         if args.missing_records_topic else None
-    say(f"checked {len(judged)} digests in {time.monotonic() - started:.1f} s")
-    return digests.summary(judged, reported)
+    found = digests.summary(judged, reported, loose, args.allow_without_topic_id)
+    say(f"checked {len(judged)} digests in {time.monotonic() - started:.1f} s: "
+        f"{found['unproven']} records no digest proves")
+    return found
 
 
 def add_arguments(p) -> None:
@@ -199,7 +216,12 @@ def add_arguments(p) -> None:
     p.add_argument("--written-at-header", default="writtenAt",
                    help="receiver.written.at.header, for latency ('' for none)")
     p.add_argument("--digest-topic", help="receiver.digest.topic: check every range the sender "
-                   "digested (verified, altered, incomplete) without the source cluster")
+                   "digested (verified, altered, incomplete) without the source cluster, and "
+                   "name every record no digest proves (unproven: exit 1)")
+    p.add_argument("--allow-without-topic-id", action="store_true",
+                   help="with --digest-topic: records without a sourceTopicId (written by a "
+                   "diode older than topic ids, which sent no digests) pass unproven, counted "
+                   "in the report; without it each is named unproven (exit 1)")
     p.add_argument("--missing-records-topic", help="receiver.missing.records.topic: say "
                    "whether the records absent from a digested range were reported missing")
     p.add_argument("--json", help="write the report as JSON")
@@ -235,7 +257,8 @@ def add_arguments(p) -> None:
 def add_parser(sub) -> None:
     p = sub.add_parser("verify", help="audit the destination topics on Spark: per source "
                        "partition records, duplicates, missing ranges, order, latency "
-                       "(exit 1: missing; 2: could not read everything the topics held)")
+                       "(exit 1: missing, or altered, incomplete or unproven against the "
+                       "digests; 2: could not read everything the topics held)")
     add_arguments(p)
     p.set_defaults(func=main)
 

@@ -13,17 +13,25 @@ are left out), takes those of each range, and judges it:
   destination). Where the range's offsets are contiguous the absent ones are named, and
   checked against the receiver's missing-records topic: a loss it reported is known, one it
   did not is silent.
+
+Every other record of the audited topics is unproven (`unproven`): no digest range covers it,
+and nothing says its content is what the sender read. Each is named by where it sits in the
+destination (topic, partition, offset, in runs of consecutive offsets) and why (WHY): no
+provenance headers, no sourceTopicId, a sourceTopicId no digest names, an offset after the last
+digest of its source partition or in no digest's range. Records without a sourceTopicId are
+those of a diode older than topic ids, which sent no digests: they pass unproven only when the
+operator says so (`diode verify --allow-without-topic-id`), counted.
 """
 
 import re
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from diode.accounting import digests as dg
 from diode.accounting.ranges import merge, subtract
-from diode.spark.verify import SOURCE, by_source, extract, own_headers, with_provenance_rows
+from diode.spark.verify import SOURCE, _origin, by_source, extract, own_headers
 
 DIGEST_SCHEMA = ("sourceTopic string, sourcePartition int, sourceTopicId string, "
                  "firstOffset long, lastOffset long, count long, digest string")
@@ -31,6 +39,14 @@ JUDGED = T.StructType([T.StructField("state", T.StringType()),
                        T.StructField("present", T.LongType()),
                        T.StructField("conflicting", T.LongType()),
                        T.StructField("absent", T.ArrayType(T.ArrayType(T.LongType())))])
+# Why a record is unproven: the reason in the JSON report, and as the table says it
+WHY = {"no-provenance": "no provenance headers",
+       "no-topic-id": "no sourceTopicId",
+       "unknown-topic-id": "a sourceTopicId no digest names",
+       "after-last-digest": "after the last digest of its source partition",
+       "not-digested": "no digest covers its source offset"}
+# The unproven records of a diode older than topic ids, which --allow-without-topic-id takes
+OLD_DIODE = "no-topic-id"
 
 
 def extract_digests(spark: SparkSession, cluster, topic: str,
@@ -69,25 +85,78 @@ def _judge(records, first, last, count, digest):
     return state, present, conflicting, absent
 
 
-def check(rows: DataFrame, digests: DataFrame, written_at: str = "writtenAt") -> DataFrame:
-    """Per digest (SOURCE, firstOffset, lastOffset, count): state, present (distinct source
-    offsets found), conflicting (offsets with two contents), absent (ranges, where the range's
-    offsets are contiguous)."""
-    recs = with_provenance_rows(rows).select(
-        *SOURCE, "sourceOffset",
-        _record_hash("key", "value", own_headers(written_at),
-                     F.unix_millis("timestamp")).alias("h"))
-    d = digests.withColumn("id", F.monotonically_increasing_id())
+def numbered(digests: DataFrame) -> DataFrame:
+    """The digests, each with an `id`, computed once and kept (a range's id must be the same
+    where records are placed in it and where it is judged)."""
+    return digests.withColumn("id", F.monotonically_increasing_id()).localCheckpoint()
+
+
+def place(rows: DataFrame, d: DataFrame, written_at: str = "writtenAt") -> DataFrame:
+    """Every destination row (Kafka rows) as (topic, partition, offset, SOURCE, sourceOffset,
+    id, h): its provenance (nulls where it has none), the `id` of each `numbered` digest range
+    that covers it (one row per range; null: none does) and its record hash `h` as the sender
+    took it (its own headers)."""
+    recs = rows.select("topic", "partition", "offset", *_origin(), "key", "value",
+                       own_headers(written_at).alias("own"), "timestamp")
     ranges = F.broadcast(d.select(*SOURCE, "id", "firstOffset", "lastOffset"))
-    placed = by_source(recs, ranges).where(
-        F.col("sourceOffset").between(F.col("firstOffset"), F.col("lastOffset")))
-    grouped = placed.groupBy("id").agg(
+    placed = by_source(recs, ranges, "left",
+                       F.col("sourceOffset").between(F.col("firstOffset"), F.col("lastOffset")))
+    return placed.select("topic", "partition", "offset", *SOURCE, "sourceOffset", "id",
+                         _record_hash("key", "value", "own",
+                                      F.unix_millis("timestamp")).alias("h"))
+
+
+def judge(placed: DataFrame, d: DataFrame) -> DataFrame:
+    """Per digest of `numbered` (SOURCE, firstOffset, lastOffset, count), from the `place`d
+    records: state, present (distinct source offsets found), conflicting (offsets with two
+    contents), absent (ranges, where the range's offsets are contiguous)."""
+    grouped = placed.where(F.col("id").isNotNull()).groupBy("id").agg(
         F.collect_list(F.struct("sourceOffset", "h")).alias("records"))
     judged = d.join(grouped, "id", "left").select(
         *SOURCE, "firstOffset", "lastOffset", "count",
         _judge("records", "firstOffset", "lastOffset", "count", "digest").alias("j"))
     return judged.select(*SOURCE, "firstOffset", "lastOffset", "count", "j.*") \
         .orderBy(*SOURCE, "firstOffset")
+
+
+def check(rows: DataFrame, digests: DataFrame, written_at: str = "writtenAt") -> DataFrame:
+    """`judge` of the destination rows (Kafka rows) against the digests, in one go."""
+    d = numbered(digests)
+    return judge(place(rows, d, written_at), d)
+
+
+def unproven(placed: DataFrame, d: DataFrame) -> DataFrame:
+    """The `place`d records no digest covers, in runs: (topic, partition, firstOffset,
+    lastOffset, records, reason, SOURCE, sourceFirstOffset, sourceLastOffset), a run being
+    consecutive destination offsets of one partition with one reason and one claimed source
+    incarnation (the lowest and highest source offsets it claims), in destination order. Its
+    size is the number of runs, not of records. The reason (WHY): no-provenance (no source
+    topic, partition or offset that reads as one), no-topic-id, unknown-topic-id (digests of
+    its source topic name other topic ids, not its), after-last-digest (beyond the last range
+    of its incarnation's partition: not digested yet, or that digest was lost) or
+    not-digested (no digest of its topic, partition or offset)."""
+    loose = placed.where(F.col("id").isNull())
+    ids = F.broadcast(d.groupBy("sourceTopic").agg(
+        F.collect_set("sourceTopicId").alias("digestedIds")))
+    last = F.broadcast(d.groupBy(*SOURCE).agg(F.max("lastOffset").alias("lastDigested")))
+    loose = by_source(loose.join(ids, "sourceTopic", "left"), last, "left")
+    c = F.col
+    reason = (F.when(c("sourceTopic").isNull() | c("sourcePartition").isNull()
+                     | c("sourceOffset").isNull(), "no-provenance")
+              .when(c("sourceTopicId").isNull(), OLD_DIODE)
+              .when(~F.array_contains("digestedIds", c("sourceTopicId")), "unknown-topic-id")
+              .when(c("sourceOffset") > c("lastDigested"), "after-last-digest")
+              .otherwise("not-digested"))
+    run = ["topic", "partition", "reason", *SOURCE]
+    island = c("offset") - F.row_number().over(Window.partitionBy(*run).orderBy("offset"))
+    return (loose.withColumn("reason", reason).withColumn("island", island)
+            .groupBy(*run, "island")
+            .agg(F.min("offset").alias("firstOffset"), F.max("offset").alias("lastOffset"),
+                 F.count("*").alias("records"), F.min("sourceOffset").alias("sourceFirstOffset"),
+                 F.max("sourceOffset").alias("sourceLastOffset"))
+            .select("topic", "partition", "firstOffset", "lastOffset", "records", "reason",
+                    *SOURCE, "sourceFirstOffset", "sourceLastOffset")
+            .orderBy("topic", "partition", "firstOffset"))
 
 
 def reported_missing(cluster, topic: str) -> dict:
@@ -107,9 +176,13 @@ def reported_missing(cluster, topic: str) -> dict:
     return found
 
 
-def summary(rows: list, reported: dict | None) -> dict:
+def summary(rows: list, reported: dict | None, loose: list | None = None,
+            without_topic_id: bool = False) -> dict:
     """The judged digests as the report's `digests`: counts, and the ranges not verified, each
-    incomplete one saying whether its absent records were reported missing (None: unknown)."""
+    incomplete one saying whether its absent records were reported missing (None: unknown).
+    Given the `unproven` runs (`loose`): how many records are unproven and every run of them
+    (unprovenRecords); with `without_topic_id`, those without a sourceTopicId are taken as a
+    diode older than topic ids wrote them, counted (takenWithoutTopicId) and not listed."""
     out = {"verified": 0, "altered": 0, "incomplete": 0, "unreported": 0, "ranges": []}
     for r in rows:
         out[r["state"]] += 1
@@ -124,15 +197,31 @@ def summary(rows: list, reported: dict | None) -> dict:
         out["ranges"].append({k: r[k] for k in (*SOURCE, "firstOffset", "lastOffset", "count",
                                                 "state", "present", "conflicting", "absent")}
                              | {"reported": known})
+    if loose is not None:
+        taken = [u for u in loose if without_topic_id and u["reason"] == OLD_DIODE]
+        listed = [u for u in loose if not (without_topic_id and u["reason"] == OLD_DIODE)]
+        out["unproven"] = sum(u["records"] for u in listed)
+        out["unprovenRecords"] = listed
+        out["takenWithoutTopicId"] = sum(u["records"] for u in taken) \
+            if without_topic_id else None
     return out
+
+
+SHOWN = 20  # ranges, and runs of unproven records, the table lists (the JSON has them all)
 
 
 def lines(s: dict) -> list:
     """The digests' part of the table."""
-    out = [f"digests: {s['verified']} ranges verified, {s['altered']} altered, "
-           f"{s['incomplete']} incomplete ({s['unreported']} with records not reported "
-           "missing)"]
-    for r in s["ranges"][:20]:
+    head = (f"digests: {s['verified']} ranges verified, {s['altered']} altered, "
+            f"{s['incomplete']} incomplete ({s['unreported']} with records not reported "
+            "missing)")
+    if "unproven" in s:
+        head += f"; {s['unproven']} records unproven"
+        if s["takenWithoutTopicId"] is not None:
+            head += (f", {s['takenWithoutTopicId']} without a topic id taken unproven "
+                     "(--allow-without-topic-id)")
+    out = [head]
+    for r in s["ranges"][:SHOWN]:
         where = f"{r['sourceTopic']}[{r['sourcePartition']}] {r['firstOffset']}..{r['lastOffset']}"
         if r["state"] == "altered":
             why = (f"{r['conflicting']} offset(s) written with two contents"
@@ -143,6 +232,28 @@ def lines(s: dict) -> list:
                     None: "not checked against the missing-records topic"}[r["reported"]]
             why = f"{r['present']} of {r['count']} records; absent: {absent} ({said})"
         out.append(f"  {r['state']}: {where}: {why}")
-    if len(s["ranges"]) > 20:
-        out.append(f"  … and {len(s['ranges']) - 20} more")
+    if len(s["ranges"]) > SHOWN:
+        out.append(f"  … and {len(s['ranges']) - SHOWN} more")
+    runs = s.get("unprovenRecords", [])
+    out += [f"  unproven: {_unproven_line(u)}" for u in runs[:SHOWN]]
+    if len(runs) > SHOWN:
+        out.append(f"  … and {len(runs) - SHOWN} more runs of unproven records (the --json "
+                   "report lists them all)")
     return out
+
+
+def _unproven_line(u: dict) -> str:
+    """`dest_src[0] 3000: no sourceTopicId (claims src[0] 10)`: where an unproven run sits in
+    the destination, why, and the source it claims."""
+    where = f"{u['topic']}[{u['partition']}] {u['firstOffset']}"
+    if u["lastOffset"] != u["firstOffset"]:
+        where += f"..{u['lastOffset']} ({u['records']} records)"
+    line = f"{where}: {WHY[u['reason']]}"
+    if u["reason"] != "no-provenance":
+        first, last = u["sourceFirstOffset"], u["sourceLastOffset"]
+        claim = f"{u['sourceTopic']}[{u['sourcePartition']}] {first}" + \
+            (f"..{last}" if last != first else "")
+        if u["reason"] == "unknown-topic-id":
+            claim += f", topic id {u['sourceTopicId']}"
+        line += f" (claims {claim})"
+    return line

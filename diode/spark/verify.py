@@ -275,13 +275,13 @@ AUDIT_SCHEMA = (f"sourceTopic string, sourcePartition int, sourceTopicId string,
 SOURCE = ["sourceTopic", "sourcePartition", "sourceTopicId"]
 
 
-def by_source(left: DataFrame, right: DataFrame, how: str = "inner") -> DataFrame:
+def by_source(left: DataFrame, right: DataFrame, how: str = "inner", *also) -> DataFrame:
     """`left` joined with `right` on SOURCE, a null sourceTopicId matching a null one (an equi
-    join drops null keys)."""
+    join drops null keys), and on the conditions `also` (of columns only one side has)."""
     theirs = right.select(*[F.col(c).alias(f"_{c}") for c in SOURCE],
                           *[c for c in right.columns if c not in SOURCE])
-    return left.join(theirs, [left[c].eqNullSafe(theirs[f"_{c}"]) for c in SOURCE], how) \
-        .drop(*[f"_{c}" for c in SOURCE])
+    on = [left[c].eqNullSafe(theirs[f"_{c}"]) for c in SOURCE] + list(also)
+    return left.join(theirs, on, how).drop(*[f"_{c}" for c in SOURCE])
 
 
 def summarize(p: DataFrame, known: DataFrame | None = None) -> DataFrame:

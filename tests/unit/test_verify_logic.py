@@ -131,3 +131,13 @@ def test_an_unreachable_cluster_is_a_clear_error_not_an_empty_audit():
                                "metadatatimeoutseconds": "2"})
     with pytest.raises(RuntimeError, match=f"cannot list the topics of {bootstrap}"):
         reader.partitions()
+
+
+def test_records_without_a_topic_id_are_allowed_only_where_digests_prove_the_rest(capsys):
+    """--allow-without-topic-id says which records pass the digests' proof unproven: without
+    --digest-topic it would do nothing, so it is refused (exit 2) before Spark starts."""
+    from diode import cli
+    args = cli.build_parser().parse_args(["verify", "--bootstrap", "127.0.0.1:1",
+                                          "--allow-without-topic-id"])
+    assert args.func(args) == 2
+    assert "give it with --digest-topic" in capsys.readouterr().err
