@@ -64,6 +64,9 @@ ROWS = [
             ('max (diode_link_heartbeat_age_seconds{job=~"$job"})', "age")]),
         ("Sender sessions", "short", [
             ('max (diode_sessions_active{job=~"$job"})', "sessions")]),
+        ("From addresses not admitted /min (the source filter)", "short", [
+            ('sum (increase(diode_source_filtered_datagrams_total{job=~"$job"}[1m]))',
+             "filtered")]),
     ]),
     ("Queues and backlog", [
         ("Records waiting for the destination", "short", [

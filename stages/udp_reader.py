@@ -120,8 +120,15 @@ class Stage(BaseStage):
         self.outs = [self.outbox(transport.push(ctx.zmq, [e], ctx.hwm))
                      for e in ctx.peers("out")]
         self.control = transport.pull(ctx.zmq, ctx.bound("control"), 64)
-        self.receiving = ctx.inherited.get("receiving") or open_socket(self.t, self.log)
+        inherited = ctx.inherited.get("receiving")
+        self.receiving = inherited or open_socket(self.t, self.log)
         self.sock = self.receiving.sock
+        if inherited is not None:
+            # The kernel's counts of the sockets (sample_metrics) began with the supervisor's
+            # socket, not this process: a restarted reader exports what they grew past its
+            # predecessors' export (diode.runtime.metrics), not the whole count once more.
+            self.metrics.carry("socket_drops", *(("source_filtered_datagrams",)
+                                                 if self.receiving.counter is not None else ()))
         # Datagrams from addresses not admitted: dropped by the kernel, or here where it
         # refused the filter (diode.link.admission), before anything looks at them.
         self.admits = (self.receiving.admits if self.receiving.where == admission.READER

@@ -15,6 +15,12 @@ its `_bucket`, `_sum` and `_count`. Gauges that hold a cumulative count (`CUMULA
 process's CPU seconds, the writer's acknowledged records, the kernel's socket drops) are
 exported as counters. Every sample carries the worker's labels (side, stage, index);
 `index` and not `instance`, which Prometheus gives every scraped series (its target).
+
+A count that outlives the process (`Metrics.carry`: the kernel's drops on the udp_reader's
+socket, which the supervisor made and a restarted reader inherits) is the whole count in the
+textfile, and in Prometheus what it grew past the worker's earlier processes' export: the
+exporter sums a worker's processes, the dead ones' counters included, so that sum is the
+count, not its earlier part twice.
 """
 
 import bisect
@@ -279,6 +285,7 @@ class Metrics:
         self.counters: dict[tuple, float] = defaultdict(float)
         self.gauges: dict[tuple, float] = {}
         self.histograms: dict[tuple, Histogram] = {}
+        self.carried: set = set()  # CUMULATIVE gauges an earlier process counted too (carry)
         self.path = path
         self.interval = interval
         self._next_write = 0.0
@@ -300,6 +307,13 @@ class Metrics:
         self.gauges[key] = value
         if name in CUMULATIVE:  # a count kept elsewhere (the zero it began with goes)
             self.counters.pop(key, None)
+
+    def carry(self, *names: str) -> None:
+        """Gauges of CUMULATIVE counts that this worker's earlier processes counted too, kept
+        where they outlive a process (the kernel's, of a socket the supervisor made): the
+        value set is the whole count, and Prometheus gets what it grew past what those
+        processes exported."""
+        self.carried.update(names)
 
     def observe(self, name: str, value: float, **labels) -> None:
         """One observation of a histogram (seconds, in the metric's buckets)."""
@@ -373,10 +387,13 @@ class _PrometheusMirror:
     again at 0, which Prometheus reads as a counter reset), gauges by their value
     (multiprocess mode livesum: a dead worker's gauges go with it), histograms by what each
     bucket and the sum grew since (a step histogram takes thousands of observations a second:
-    replaying them one by one would cost more than the steps)."""
+    replaying them one by one would cost more than the steps). A carried count
+    (Metrics.carry) by what it grew past what the worker's earlier processes exported: their
+    files stay, and the exporter adds them up."""
 
     def __init__(self, directory: str, labels: dict):
         os.makedirs(directory, exist_ok=True)
+        self.directory = directory
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
         from prometheus_client import values
         # chosen when prometheus_client was first imported, perhaps before this process had a
@@ -415,6 +432,15 @@ class _PrometheusMirror:
             self._broken.add((full, kind))
             return None
 
+    def _exported_before(self, name: str, labels: tuple) -> float:
+        """What every process's file in the directory holds of one counter series: before
+        this process exported any of it, what the worker's earlier processes exported."""
+        from prometheus_client.multiprocess import MultiProcessCollector
+        full, want = exported_name(name, "counter"), {**self.labels, **dict(labels)}
+        files = [str(f) for f in Path(self.directory).glob("counter_*.db")]
+        return sum(s.value for family in MultiProcessCollector.merge(files)
+                   for s in family.samples if s.name == full and s.labels == want)
+
     def update(self, m: Metrics) -> None:
         for kind, table in (("counter", m.counters), ("gauge", m.gauges)):
             for key, value in table.items():
@@ -425,7 +451,15 @@ class _PrometheusMirror:
                         child.set(value)
                     continue
                 before = self.exported.get(key)
-                grew = value - (before or 0.0) if value >= (before or 0.0) else value
+                if name in m.carried:
+                    if before is None:
+                        before = self._exported_before(name, labels)
+                        self._child(name, "counter", labels)  # (exported from 0)
+                    # (never a reset: the count lives as long as what keeps it, longer than
+                    # this process; below what was exported is one not read yet)
+                    grew, value = max(0.0, value - before), max(value, before)
+                else:
+                    grew = value - (before or 0.0) if value >= (before or 0.0) else value
                 if grew > 0 or before is None:  # (a new series is exported from 0)
                     child = self._child(name, "counter", labels)
                     if child is not None and grew > 0:

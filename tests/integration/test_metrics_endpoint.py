@@ -160,3 +160,60 @@ def test_a_metrics_port_already_taken_is_a_clear_error(tmp_path, start_brokers):
     assert r.returncode == 1
     assert f"receiver.metrics.listen 127.0.0.1:{port}" in r.stderr
     assert "Address already in use" in r.stderr
+
+
+def burst(port: int, source: str, count: int) -> None:
+    """`count` datagrams (not the diode's) to the receiver's port from `source`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((source, 0))
+        for _ in range(count):
+            s.sendto(b"x" * 1400, ("127.0.0.1", port))
+
+
+def kernel_drops(port: int) -> int:
+    """What the kernel dropped on every socket of `port` (the receiving socket and the
+    counting one beside it: diode.link.admission)."""
+    from diode.link import udpstat
+    return sum(s["drops"] for s in udpstat.sockets()
+               if int(s["local"].rsplit(":", 1)[1], 16) == port)
+
+
+def test_a_restarted_udp_reader_exports_what_the_kernel_dropped_once(tmp_path, start_brokers,
+                                                                     launch):
+    """The receiving socket outlives a killed udp_reader, and so do the kernel's counts of what
+    it dropped (a full buffer) and filtered (from an address not admitted): after a restart the
+    endpoint serves each count as the kernel keeps it, not the dead reader's again on top
+    (DiodeSocketDrops would fire for minutes after every restart), and with what the kernel
+    dropped while no reader ran."""
+    [dst] = start_brokers("tansu", "destination")
+    listen = f"127.0.0.1:{free_port()}"
+    path = write_topology(tmp_path, dst.bootstrap, dst.bootstrap,
+                          link={"receive.buffer.bytes": 65536},
+                          receiver={"metrics.listen": listen})
+    port = d_port(path)
+    d = launch(path, side="receiver", workers=3)
+    reader = d.workers()["receiver/udp_reader-0"]
+
+    reader.suspend()  # (it reads nothing: a burst fills its buffer, the rest is dropped)
+    burst(port, "127.0.0.1", 1000)
+    burst(port, "127.0.0.2", 300)   # filtered: never queued
+    reader.resume()
+    wait_for(lambda: d.metric("source_filtered_datagrams", "udp_reader") == 300 and
+             d.metric("socket_drops", "udp_reader") > 0, 30, "the reader to export its drops")
+    reader.suspend()  # dropped and filtered while the reader is stopped, then killed: its
+    burst(port, "127.0.0.1", 1000)  # successor is the first to see these
+    burst(port, "127.0.0.2", 200)
+    reader.kill()
+    killed = time.time()
+    wait_for(lambda: d.metric("source_filtered_datagrams", "udp_reader") == 500 and any(
+        f.stat().st_mtime > killed for f in (d.run_dir / "metrics").glob("*udp_reader*")),
+        30, "the restarted reader to export")
+    text = scrape(listen)
+    drops = sample(text, "diode_socket_drops_total")
+    filtered = sample(text, "diode_source_filtered_datagrams_total")
+    kernel = kernel_drops(port)
+    print(f"the kernel dropped {kernel - 500} and filtered 500; served: {drops:.0f} dropped, "
+          f"{filtered:.0f} filtered")
+    assert filtered == 500, text
+    assert drops + filtered == kernel and drops > 1000, text
+    assert d.stop() == 0

@@ -173,6 +173,37 @@ print(__import__("os").getpid())
     assert read_counter(text, "step_seconds_bucket", le="2.5") == 30002
 
 
+def test_a_count_that_outlives_the_process_is_served_once_across_restarts(tmp_path):
+    """The kernel's drop count of the udp_reader's socket outlives the reader (the supervisor
+    made the socket): each restarted process sets the whole count, and the endpoint, which sums
+    the dead processes' counters with the live one's, serves that count, not the earlier part
+    again on top; a process's own count (its CPU) is summed over its lives."""
+    import subprocess
+    import sys
+    code = """
+import sys
+from diode.runtime.metrics import Metrics
+m = Metrics({"side": "receiver", "stage": "udp_reader", "index": "0"},
+            prometheus_dir=sys.argv[1])
+m.carry("socket_drops")
+m.maybe_write(force=True)  # (before the count is read: the series from 0, nothing added)
+for drops in sys.argv[2:]:
+    m.set("socket_drops", int(drops))
+    m.set("cpu_seconds", 1.0)
+    m.maybe_write(force=True)
+"""
+    lives = [("40",), ("40", "55"), ("70",)]  # what the kernel counted at each export
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+    served = []
+    for counts in lives:
+        subprocess.run([sys.executable, "-c", code, str(tmp_path), *counts], check=True)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=str(tmp_path))
+        text = generate_latest(registry).decode()
+        served.append((read_counter(text, "socket_drops"), read_counter(text, "cpu_seconds")))
+    assert served == [(40, 1), (55, 2), (70, 3)]
+
+
 def test_a_stage_exports_every_series_of_its_own_from_zero_and_each_once():
     """Rates and alerts need a series before the first event; a count the stage sets (the
     writer's acknowledged records) is one series, not two."""
