@@ -320,8 +320,16 @@ class UnitLaunch(launches.Launch):
         run_dir = Path(self.argv[self.argv.index("-c") + 1].rsplit("--run-dir ", 1)[1]
                        .rstrip("'"))
         umask = next(ln.split("=")[1] for ln in text.splitlines() if ln.startswith("UMask="))
+        # A checkout under /tmp (a CI's clone) stays where it is in the launch's own /tmp: the
+        # old /tmp, held open, lends it back (mount -c: through the held descriptor, not
+        # canonicalized to the new /tmp's path)
+        keep = "".join(f" && mkdir -p {shlex.quote(str(Path('/tmp', top)))} && mount -c --bind "
+                       f"/proc/$$/fd/3/{shlex.quote(top)} {shlex.quote(str(Path('/tmp', top)))}"
+                       for top in {p.relative_to("/tmp").parts[0] for p in (ROOT, bin_dir, etc)
+                                   if p.is_relative_to("/tmp")})
         where = ("unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
-                 f'mount -t tmpfs tmpfs /tmp && umask {umask} && exec "$@"', "-")
+                 f"exec 3</tmp && mount -t tmpfs tmpfs /tmp{keep} && exec 3<&- && "
+                 f'umask {umask} && exec "$@"', "-")
         super().__init__(etc / f"{instance.split('-', 1)[1]}.yaml", instance.split("-")[0],
                          run_dir, log_path, env=unit_environment(text, instance, "root"),
                          cwd="/", where=where)
