@@ -229,20 +229,20 @@ class Stage(BaseStage):
         if block and not self.poller.poll(POLL_MS):
             return out
         calls = total = 0
+        admits = self.admits  # (None: the kernel filters, or nothing does)
         try:
             while len(out) < limit and calls < limit:
                 if self.gro:
                     nbytes, anc, _, source = self.sock.recvmsg_into([self.buf],
                                                                      offload.GRO_CMSG_SPACE)
                     size = offload.segment_size(anc)
-                elif self.admits is not None:
-                    nbytes, source = self.sock.recvfrom_into(self.buf)
-                    size = None
-                else:
+                elif admits is None:
                     nbytes, size = self.sock.recv_into(self.buf), None
+                else:
+                    (nbytes, source), size = self.sock.recvfrom_into(self.buf), None
                 calls += 1
                 total += nbytes
-                if self.admits is not None and not self.admits(source[0]):
+                if admits is not None and not admits(source[0]):
                     self.filtered += -(-nbytes // size) if size else 1
                     continue
                 self._accept(out, offload.segments(self.view, nbytes, size))

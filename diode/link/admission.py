@@ -145,10 +145,11 @@ def bind_address(host: str, asked: str) -> tuple[str, str]:
 
 
 def unfiltered(address: str, port: int) -> str:
-    """What an empty link.source.addresses leaves open."""
-    return (f"any host that reaches udp {address}:{port} is read, and a flood of datagrams "
-            "from the low network crowds out the diode's own; name the diode's sending "
-            "address there and filter the port in the firewall (docs/threat-model.md)")
+    """The warning of an empty link.source.addresses: what it leaves open."""
+    return (f"link.source.addresses is empty: any host that reaches udp {address}:{port} is "
+            "read, and a flood of datagrams from the low network crowds out the diode's own; "
+            "name the diode's sending address there and filter the port in the firewall "
+            "(docs/threat-model.md)")
 
 
 def every_address(address: str) -> bool:
@@ -192,7 +193,7 @@ class Receiving:
     udp_reader, whose next incarnation inherits it."""
 
     def __init__(self, sock, counter, where: int, nets: list, notes: list):
-        self.sock, self.counter, self.where, self.nets = sock, counter, where, nets
+        self.sock, self.counter, self.where = sock, counter, where
         self.notes = notes  # (level, message): what the log says once, at start
         self._ranges = [(int(n.network_address), int(n.netmask)) for n in nets]
 
@@ -221,7 +222,7 @@ def open_receiving(address: str, port: int, rcvbuf: int, addresses: list,
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     notes = []
     if not nets:
-        notes.append(("warning", f"link.source.addresses is empty: {unfiltered(address, port)}"))
+        notes.append(("warning", unfiltered(address, port)))
         return Receiving(_bound(family, address, port, rcvbuf), None, NONE, nets, notes)
     if family != socket.AF_INET:
         raise DiodeError(f"link.source.addresses filters IPv4 senders, and link.bind.address "
@@ -298,12 +299,12 @@ def _counting(family, address, port, sock, nets, gro: bool):
 
 def kernel_filter_refused() -> str:
     """Whether this kernel takes the source filter: "" when it does, else why not."""
-    prog = program(networks(["127.0.0.1"]), WHOLE, 0)
+    nets = networks(["127.0.0.1"])
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            attach(s, SO_ATTACH_FILTER, prog)
+            attach(s, SO_ATTACH_FILTER, program(nets, WHOLE, 0))
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            attach(s, SO_ATTACH_REUSEPORT_CBPF, program(networks(["127.0.0.1"]), 0, 1))
+            attach(s, SO_ATTACH_REUSEPORT_CBPF, program(nets, 0, 1))
     except OSError as exc:
         return exc.strerror or str(exc)
     return ""

@@ -451,16 +451,17 @@ class _PrometheusMirror:
                         child.set(value)
                     continue
                 before = self.exported.get(key)
+                new = before is None  # (a new series is exported from 0)
                 if name in m.carried:
-                    if before is None:
+                    if new:
                         before = self._exported_before(name, labels)
-                        self._child(name, "counter", labels)  # (exported from 0)
                     # (never a reset: the count lives as long as what keeps it, longer than
                     # this process; below what was exported is one not read yet)
                     grew, value = max(0.0, value - before), max(value, before)
                 else:
-                    grew = value - (before or 0.0) if value >= (before or 0.0) else value
-                if grew > 0 or before is None:  # (a new series is exported from 0)
+                    before = before or 0.0
+                    grew = value - before if value >= before else value
+                if grew > 0 or new:
                     child = self._child(name, "counter", labels)
                     if child is not None and grew > 0:
                         child.inc(grew)

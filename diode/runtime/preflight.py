@@ -442,8 +442,7 @@ def admission_report(t) -> Report:
     elif admission.every_address(link.bind_address):
         report.notes.append(f"{where} (link.bind.address): every address of this host")
     if not link.source_addresses:
-        report.warnings.append("link.source.addresses is empty: "
-                               + admission.unfiltered(link.bind_address, link.port))
+        report.warnings.append(admission.unfiltered(link.bind_address, link.port))
         return report
     admitted = admission.describe(admission.networks(link.source_addresses))
     refused = admission.kernel_filter_refused()
