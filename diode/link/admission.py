@@ -297,14 +297,19 @@ def _counting(family, address, port, sock, nets, gro: bool):
     return counter, ""
 
 
-def kernel_filter_refused() -> str:
-    """Whether this kernel takes the source filter: "" when it does, else why not."""
+def kernel_refusals() -> tuple[str, str]:
+    """Whether this kernel takes the source filter, and the steering that counts what it drops
+    apart (as open_receiving attaches them): (why it refuses the filter, why it refuses the
+    count), each "" where it takes it. A kernel that refuses only the count still filters."""
     nets = networks(["127.0.0.1"])
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
             attach(s, SO_ATTACH_FILTER, program(nets, WHOLE, 0))
+        except OSError as exc:
+            return exc.strerror or str(exc), ""
+        try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             attach(s, SO_ATTACH_REUSEPORT_CBPF, program(nets, 0, 1))
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return ""
+        except OSError as exc:
+            return "", exc.strerror or str(exc)
+    return "", ""

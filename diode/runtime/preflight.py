@@ -445,12 +445,17 @@ def admission_report(t) -> Report:
         report.warnings.append(admission.unfiltered(link.bind_address, link.port))
         return report
     admitted = admission.describe(admission.networks(link.source_addresses))
-    refused = admission.kernel_filter_refused()
+    refused, uncounted = admission.kernel_refusals()
     if refused:
         report.warnings.append(
             f"link.source.addresses: this kernel refuses the source filter ({refused}): the "
             f"udp_reader drops datagrams from addresses other than {admitted} itself, after "
             "reading them (a flood still costs it its reads)")
+    elif uncounted:
+        report.warnings.append(
+            f"link.source.addresses: the kernel drops datagrams from addresses other than "
+            f"{admitted} before {where}, but cannot count them apart ({uncounted}): "
+            "diode_socket_drops_total counts them with those a full buffer drops")
     else:
         report.notes.append(f"link.source.addresses: datagrams from {admitted} alone reach "
                             f"{where}, the others dropped by the kernel (a socket filter; "

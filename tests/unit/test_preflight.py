@@ -2,6 +2,7 @@
 problem at once, each naming its setting and its file, variable or address. No broker here:
 the clusters are asked in tests/integration/test_check_clusters.py."""
 
+import errno
 import os
 import socket
 import subprocess
@@ -257,3 +258,30 @@ def test_check_says_who_can_reach_the_receivers_port(tmp_path):
     r = check(write_topology(tmp_path, "127.0.0.1:1", "127.0.0.1:2",
                              link={"source.addresses": []}), "--side", "receiver")
     assert r.returncode == 0 and "warning: link.source.addresses is empty" in r.stderr, r.stderr
+
+
+def test_check_tells_a_kernel_that_filters_but_cannot_count_from_one_that_refuses_the_filter(
+        tmp_path, monkeypatch):
+    """As the launch does (admission.open_receiving): a kernel that takes the socket filter but
+    not the reuseport program that counts what it drops still filters in the kernel; one that
+    refuses the filter leaves it to the udp_reader."""
+    from diode.link import admission
+    attach = admission.attach
+    refused = set()
+
+    def refusing(sock, option, program):
+        if option in refused:
+            raise OSError(errno.EPERM, "Operation not permitted")
+        return attach(sock, option, program)
+    monkeypatch.setattr(admission, "attach", refusing)
+    t = load(tmp_path, link={"bind.address": "auto"})
+    refused.add(admission.SO_ATTACH_REUSEPORT_CBPF)
+    found = preflight.admission_report(t)
+    assert found.warnings == [
+        "link.source.addresses: the kernel drops datagrams from addresses other than 127.0.0.1 "
+        f"before udp 127.0.0.1:{t.link.port}, but cannot count them apart (Operation not "
+        "permitted): diode_socket_drops_total counts them with those a full buffer drops"]
+    refused.add(admission.SO_ATTACH_FILTER)
+    found = preflight.admission_report(t)
+    assert len(found.warnings) == 1 and "this kernel refuses the source filter (Operation not " \
+        "permitted): the udp_reader drops datagrams" in found.warnings[0], found.warnings
