@@ -171,14 +171,14 @@ def expired_lines(found: list[Span]) -> list[str]:
             for (t, p, start), (ranges, offsets) in sorted(per.items())]
 
 
-def source_state(t, entries: list[Entry]) -> tuple[list[Span], list[str], set]:
-    """Ask the source cluster: (the spans of the entries it can send, a line per entry or
-    partition refused, the topics unchecked)."""
+def source_state(source, entries: list[Entry]) -> tuple[list[Span], list[str], set]:
+    """Ask the source cluster (`source`, diode.kafka.cluster's, already reached): (the spans of
+    the entries it can send, a line per entry or partition refused, the topics unchecked)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
-    from diode.kafka.clients import admin_config, consumer_config
+    from diode.kafka.clients import admin_config
     from diode.kafka.refresh import start_offsets, topic_ids
-    admin = AdminClient(admin_config(consumer_config(t)))
+    admin = AdminClient(admin_config(source.settings))
     named = sorted({e.topic for e in entries if e.incarnation is not None})
     try:
         current = topic_ids(admin, named) if named else {}
@@ -296,7 +296,7 @@ def cmd_resend(args) -> int:
     from diode.kafka.cluster import of_topology, reach
     from diode.ticket_command import manifest_problem
     t = topo.load(args.topology)
-    source = of_topology(t, "sender", args.kafka, args.bootstrap, what="the source cluster")
+    source = of_topology(t, "sender", args.kafka, args.bootstrap)
     t = with_settings(t, args.kafka, args.bootstrap)
     try:
         manifest = json.loads(open(args.manifest).read())
@@ -313,7 +313,7 @@ def cmd_resend(args) -> int:
     # the source first: a refused password or certificate, or no answer, is one error naming
     # the setting (diode.kafka.cluster), before the pipeline would wait on it
     reach(source, args.connect_timeout)
-    found, refused, unchecked = source_state(t, entries)
+    found, refused, unchecked = source_state(source, entries)
     if unchecked:
         log.warning("resending ranges of %s unchecked: no topic id to tell whether they are of "
                     "the topic's current incarnation (a manifest of a diode older than topic "

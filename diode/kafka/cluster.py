@@ -291,37 +291,40 @@ def diagnose(cluster: Cluster, errors: list, lines: list) -> tuple[bool, str]:
     cannot mend it (a refused password, a certificate not trusted, the other side of a TLS
     listener), not when nothing answers (a broker may be starting)."""
     s = cluster.settings
+
+    def check(key: str, also: str = "") -> str:
+        """'check KEY (where it came from)', what each message ends with."""
+        return f"check {also}{key} ({cluster.source_of(key)})"
+
     protocol = str(s.get("security.protocol", "plaintext")).upper()
     said = [text for _, text in errors if text] + lines
     auth = [text for code, text in errors if code == "_AUTHENTICATION"]
     if auth:
         mechanism = s.get("sasl.mechanism", s.get("sasl.mechanisms", "GSSAPI"))
         if "mechanism" in auth[-1] and "invalid credentials" not in auth[-1]:
-            return True, (f"{_short(auth[-1])}: check sasl.mechanism "
-                          f"({cluster.source_of('sasl.mechanism')})")
+            return True, f"{_short(auth[-1])}: {check('sasl.mechanism')}"
         who = f"sasl.username={s['sasl.username']}" if "sasl.username" in s else "this client"
-        return True, (f"authentication failed for {who} ({mechanism} over {protocol}): check "
-                      f"sasl.password ({cluster.source_of('sasl.password')})")
+        return True, (f"authentication failed for {who} ({mechanism} over {protocol}): "
+                      f"{check('sasl.password')}")
     for text in said:
         if "certificate verify failed" in text:
-            return True, (f"the broker's TLS certificate is not trusted ({_short(text)}): check "
-                          f"ssl.ca.location ({cluster.source_of('ssl.ca.location')})")
+            return True, (f"the broker's TLS certificate is not trusted ({_short(text)}): "
+                          f"{check('ssl.ca.location')}")
         if "PLAINTEXT broker listener" in text or "wrong version number" in text:
-            return True, (f"a TLS handshake with a listener that does not speak TLS: check "
-                          f"security.protocol ({cluster.source_of('security.protocol')})")
+            return True, ("a TLS handshake with a listener that does not speak TLS: "
+                          f"{check('security.protocol')}")
         if "SSL handshake failed" in text:
-            return True, (f"the TLS handshake failed ({_short(text)}): check the ssl.* settings "
-                          f"and security.protocol ({cluster.source_of('security.protocol')})")
+            return True, (f"the TLS handshake failed ({_short(text)}): "
+                          f"{check('security.protocol', also='the ssl.* settings and ')}")
     closed = [text for text in lines if "closed by peer" in text and "APIVERSION_QUERY" in text]
     if len(closed) >= 3 and not protocol.endswith("SSL"):
         return True, ("the broker closes the connection at the first request, as a TLS or "
-                      "SASL listener does to a client that speaks neither: check "
-                      f"security.protocol ({cluster.source_of('security.protocol')})")
+                      "SASL listener does to a client that speaks neither: "
+                      f"{check('security.protocol')}")
     failed = [text for text in said if "Connect to" in text or "resolve" in text
               or "Connection refused" in text or "timed out" in text]
     if failed:
-        return False, (f"{_short(failed[-1])}: check bootstrap.servers "
-                       f"({cluster.source_of('bootstrap.servers')})")
+        return False, f"{_short(failed[-1])}: {check('bootstrap.servers')}"
     return False, _short(said[-1]) if said else ""
 
 
