@@ -107,13 +107,14 @@ def settings_of(cluster) -> dict:
     return dict(cluster)
 
 
-def librdkafka_log() -> logging.Logger:
+def librdkafka_log(name: str = "diode.librdkafka", verbose: bool | None = None) -> logging.Logger:
     """The logger librdkafka's log goes to (confluent-kafka's `logger` setting) instead of
     stderr, where a broker not answering yet writes a line every second: on the terminal only
-    with `diode -v` (the root logger at DEBUG)."""
-    out = logging.getLogger("diode.librdkafka")
+    with `diode -v` (`verbose`; by default, the root logger at DEBUG)."""
+    out = logging.getLogger(name)
     out.setLevel(logging.DEBUG)
-    out.propagate = logging.getLogger().isEnabledFor(logging.DEBUG)
+    out.propagate = logging.getLogger().isEnabledFor(logging.DEBUG) if verbose is None \
+        else verbose
     if not out.handlers:
         out.addHandler(logging.NullHandler())  # (not Python's last resort, to stderr)
     return out

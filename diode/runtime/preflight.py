@@ -121,6 +121,7 @@ def kafka_files(t, side: str) -> tuple[Report, set]:
     every ${file:PATH} readable (relative to the topology file), and every file librdkafka
     opens (ssl.ca.location, ssl.key.location, ...: relative to where the launch runs, as
     librdkafka reads them) there. (The report, the keys whose value could not be made.)"""
+    from diode.kafka.clients import reference
     report, failed = Report(), set()
     for key, value in getattr(t, side).kafka.items():
         if not isinstance(value, str):
@@ -128,13 +129,13 @@ def kafka_files(t, side: str) -> tuple[Report, set]:
         where = f"{side}.kafka.{key}"
         for kind, arg in REFERENCE.findall(value):
             try:
-                _reference(t, kind, arg)
+                reference(kind, arg, t.resolve)
             except SecretError as exc:
                 report.problems.append(f"{where}: {exc}")
                 failed.add(key)
         if key not in FILE_KAFKA_KEYS or key in failed:
             continue
-        path = REFERENCE.sub(lambda m: _reference(t, *m.groups()), value)
+        path = REFERENCE.sub(lambda m: reference(*m.groups(), t.resolve), value)
         if key == "ssl.ca.location" and path == "probe":
             continue  # (librdkafka looks in the system's usual places)
         problem = _readable(path, directory_ok=key == "ssl.ca.location")
@@ -142,14 +143,6 @@ def kafka_files(t, side: str) -> tuple[Report, set]:
             report.problems.append(f"{where}: {problem}")
             failed.add(key)
     return report, failed
-
-
-def _reference(t, kind: str, arg: str) -> str:
-    """What ${env:NAME} or ${file:PATH} names, read as the side's clients read it
-    (diode.kafka.clients.reference, relative to the topology file); SecretError saying what is
-    missing."""
-    from diode.kafka.clients import reference
-    return reference(kind, arg, t.resolve)
 
 
 def _readable(path: str, directory_ok: bool = False) -> str | None:
@@ -189,16 +182,11 @@ def kafka_problems(t, side: str, skip=(), verbose: bool = False) -> list[str]:
 
 
 def client_log(side: str, verbose: bool) -> logging.Logger:
-    """The logger a side's check clients hand librdkafka's log to (confluent-kafka's `logger`
-    setting), instead of librdkafka writing it on stderr: `Connect to ... failed` is what a
-    cluster not up yet says, and the check says it once, as a warning. On the terminal only
-    with `diode -v`."""
-    log = logging.getLogger(f"diode.librdkafka.{side}")
-    log.setLevel(logging.DEBUG)
-    log.propagate = verbose
-    if not log.handlers:
-        log.addHandler(logging.NullHandler())  # (not Python's last resort, to stderr)
-    return log
+    """The logger a side's check clients hand librdkafka's log to, instead of librdkafka writing
+    it on stderr: `Connect to ... failed` is what a cluster not up yet says, and the check says
+    it once, as a warning. On the terminal only with `diode -v`."""
+    from diode.kafka.cluster import librdkafka_log
+    return librdkafka_log(f"diode.librdkafka.{side}", verbose)
 
 
 # -- directories -------------------------------------------------------------------------------
