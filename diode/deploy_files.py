@@ -63,15 +63,15 @@ def write(to: Path, force: bool = False) -> list[tuple[str, str]]:
     """Write every shipped file under `to`; [(path written, what happened)]. A file there that
     differs from the shipped one: DiodeError, nothing written, unless `force`."""
     found = shipped()
-    changed = [name for name, data in found.items()
-               if (to / name).is_file() and (to / name).read_bytes() != data]
+    there = {name: (to / name).read_bytes() for name in found if (to / name).is_file()}
+    changed = [name for name, data in there.items() if data != found[name]]
     if changed and not force:
         raise DiodeError(f"{', '.join(str(to / n) for n in changed)}: differ from the shipped "
                          "file(s) (edited there?); nothing written. --force replaces them")
     done = []
     for name, data in found.items():
         path = to / name
-        if path.is_file() and path.read_bytes() == data:
+        if there.get(name) == data:
             done.append((str(path), "unchanged"))
             continue
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -172,7 +172,7 @@ def workers_of(supervisor) -> dict:
         return out
     for child in children:
         try:
-            m = WORKER_TITLE.fullmatch(" ".join(child.cmdline()).strip())
+            m = WORKER_TITLE.fullmatch(_title(child))
         except psutil.Error:
             continue
         if m:

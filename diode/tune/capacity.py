@@ -14,9 +14,9 @@ its
 From the costs and the instances of each stage it derives the rate the receiver sustains with
 every stage under the utilisation `diode tune` plans for (diode.tune.decide.UTILISATION, 70 % of
 a core: one figure, so a topology `diode tune` sized for a rate passes `diode check` at that
-rate), and with all of the receiver's processes sharing the machine's cores. `diode check` compares it with
-link.rate.mbps. The broker's own CPU and the producer's network work are not counted, so the
-figure is an upper bound where the destination broker shares this machine.
+rate), and with all of the receiver's processes sharing the machine's cores. `diode check`
+compares it with link.rate.mbps. The broker's own CPU and the producer's network work are not
+counted, so the figure is an upper bound where the destination broker shares this machine.
 """
 
 import os

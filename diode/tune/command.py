@@ -17,7 +17,8 @@ from diode.runtime.topology import PIPELINES, SIDES
 from diode.tune import edit, live
 from diode.tune.decide import UTILISATION, Machine, decide
 from diode.tune.machine import pacing_advice, read_machine, sysctl_advice
-from diode.tune.measure import MEASURE_SECONDS, WARMUP_SECONDS, Bench, Measured, measure
+from diode.tune.measure import (MEASURE_SECONDS, WARMUP_SECONDS, Bench, Measured, measure,
+                                one_instance)
 
 IP_UDP_OVERHEAD = 28
 VERIFY_SECONDS = 15.0
@@ -140,8 +141,7 @@ def verify(bench: Bench, advice: dict, mix: list, seconds: float = VERIFY_SECOND
     pipeline's workers' CPU, by the core each is pinned to) against predicted."""
     rate = min(advice["rate"], advice["max_rate"])
     # (a side not planned, with --side, runs one instance of each stage and is not compared)
-    stages = {side: advice["topology"].get(side) or
-              {stage: {"instances": 1} for stage in PIPELINES[side]} for side in SIDES}
+    stages = {side: advice["topology"].get(side) or one_instance(side) for side in SIDES}
     window = bench.window(stages, rate, mix, seconds)
     measured_core: dict = {}
     for title, cpu in window.worker_cpu.items():

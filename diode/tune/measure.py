@@ -91,6 +91,12 @@ def fit(a: Window, b: Window) -> tuple[dict, dict]:
     return per_record, per_datagram
 
 
+def one_instance(side: str) -> dict:
+    """{stage: {"instances": 1}} for every stage of `side`: what a measurement runs, and what a
+    side runs that a one-side plan leaves out."""
+    return {stage: {"instances": 1} for stage in PIPELINES[side]}
+
+
 def measure(t, raw: dict, record_mix: list, rate: float, bench: "Bench",
             seconds: float = MEASURE_SECONDS, say=lambda message: None) -> Measured:
     """Costs per stage at `rate` records/s of `record_mix` ([(value bytes, weight)]), with one
@@ -99,7 +105,7 @@ def measure(t, raw: dict, record_mix: list, rate: float, bench: "Bench",
     reported missing) is saturated, and a saturated stage's cost per record is not its cost:
     the window is measured again at 70 % of what got through (at most twice)."""
     from diode.soak.traffic import mean_size
-    one = {side: {stage: {"instances": 1} for stage in PIPELINES[side]} for side in SIDES}
+    one = {side: one_instance(side) for side in SIDES}
     size = t.link.datagram_size_bytes
     small = max(MIN_DATAGRAM, size // SMALL_DATAGRAM_DIVISOR)
     if small >= size:

@@ -7,7 +7,6 @@ a consumer group's position translated and committed, the receiver restarted (th
 and the missing-records topic read back) and its ticket listed by `diode tickets`. Nothing is
 refused for authorization anywhere."""
 
-import json
 import re
 import shlex
 import subprocess
@@ -18,8 +17,8 @@ from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, 
                                    AlterConfigOpType, ConfigEntry, ConfigResource,
                                    ResourcePatternType, ResourceType)
 
-from tests.conftest import (ROOT, Launched, committed_offsets, consume, create_topic, produce,
-                            wait_for, write_topology)
+from tests.conftest import (ROOT, committed_offsets, consume, create_topic, produce, wait_for,
+                            write_topology)
 
 SECURITY = ROOT / "docs" / "security.md"
 USERS = {"admin": "admin-secret", "diode-high": "high-secret", "diode-low": "low-secret"}
@@ -57,7 +56,8 @@ def bindings(argv: list) -> list:
             for kind, name in resources for op in ops]
 
 
-def test_the_acls_of_the_docs_are_all_each_side_needs(start_brokers, tmp_path, monkeypatch):
+def test_the_acls_of_the_docs_are_all_each_side_needs(start_brokers, tmp_path, launch,
+                                                      monkeypatch):
     [broker] = start_brokers("kafka", "cluster", users=USERS, config={
         "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
         # the broker's own listeners (inter-broker, controller) are plaintext: ANONYMOUS
@@ -99,45 +99,38 @@ def test_the_acls_of_the_docs_are_all_each_side_needs(start_brokers, tmp_path, m
                   "missing.records.topic": "diode-missing",
                   "heartbeat.topic": "diode-heartbeats", "digest.topic": "diode-digests",
                   "dead.letter.topic": "diode-dead-letter-low"})
-    run = tmp_path / "run"
-    receiver = Launched(topology, run / "receiver", "receiver")
-    receiver.wait_ready(3)
-    sender = Launched(topology, run / "sender", "sender")
-    sender.wait_ready(3)
-    try:
-        # read, sent, written to topics the receiver creates; the big one to the source's DLQ
-        assert len(consume(admin_conf, "high.orders", 40, timeout=60)) == 40
-        assert [m.value() for m in consume(admin_conf, "high.telemetry", 1, timeout=30)] == \
-            [b"small"]
-        [dead] = consume(admin_conf, "diode-dead-letter", 1, timeout=30)
-        assert b"exceeds sender.max.record.bytes" in dict(dead.headers())["diodeError"]
-        # a config changed on the source is changed on the destination topic, made before
-        retention = ConfigResource(ResourceType.TOPIC, "orders", incremental_configs=[
-            ConfigEntry("retention.ms", "172800000",
-                        incremental_operation=AlterConfigOpType.SET)])
-        admin.incremental_alter_configs([retention])[retention].result(30)
+    receiver = launch(topology, side="receiver", workers=3)
+    sender = launch(topology, side="sender", workers=3)
+    # read, sent, written to topics the receiver creates; the big one to the source's DLQ
+    assert len(consume(admin_conf, "high.orders", 40, timeout=60)) == 40
+    assert [m.value() for m in consume(admin_conf, "high.telemetry", 1, timeout=30)] == \
+        [b"small"]
+    [dead] = consume(admin_conf, "diode-dead-letter", 1, timeout=30)
+    assert b"exceeds sender.max.record.bytes" in dict(dead.headers())["diodeError"]
+    # a config changed on the source is changed on the destination topic, made before
+    retention = ConfigResource(ResourceType.TOPIC, "orders", incremental_configs=[
+        ConfigEntry("retention.ms", "172800000",
+                    incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([retention])[retention].result(30)
 
-        def retention_ms():
-            r = ConfigResource(ResourceType.TOPIC, "high.orders")
-            return admin.describe_configs([r])[r].result(30)["retention.ms"].value
-        wait_for(lambda: retention_ms() == "172800000", 60, "retention.ms synced")
-        # the group's position translated and committed on the destination
-        wait_for(lambda: committed_offsets(admin_conf, "app-1", "high.orders", 2,
-                                           timeout=1)[0] >= 0, 60, "app-1 on high.orders")
-        # a receiver restart: what it missed reported, listed, resent, filled
-        assert receiver.stop() == 0
-        produce(admin_conf, "orders", [{"value": b"while down %d" % i, "partition": 0}
-                                       for i in range(5)])
-        wait_for(lambda: sender.metric("records", "udp_sender") >= 45, 30, "the five sent")
-        receiver.start()
-        wait_for(lambda: receiver.metric("missing_records", "kafka_writer") >= 5, 60,
-                 "the five reported, after the destination was read back")
-        r = subprocess.run([sys.executable, "-m", "diode", "tickets", str(topology), "--open"],
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0 and "receiver-down" in r.stdout, r.stdout + r.stderr
-    finally:
-        for d in (sender, receiver):
-            d.kill()
+    def retention_ms():
+        r = ConfigResource(ResourceType.TOPIC, "high.orders")
+        return admin.describe_configs([r])[r].result(30)["retention.ms"].value
+    wait_for(lambda: retention_ms() == "172800000", 60, "retention.ms synced")
+    # the group's position translated and committed on the destination
+    wait_for(lambda: committed_offsets(admin_conf, "app-1", "high.orders", 2,
+                                       timeout=1)[0] >= 0, 60, "app-1 on high.orders")
+    # a receiver restart: what it missed reported, listed, resent, filled
+    assert receiver.stop() == 0
+    produce(admin_conf, "orders", [{"value": b"while down %d" % i, "partition": 0}
+                                   for i in range(5)])
+    wait_for(lambda: sender.metric("records", "udp_sender") >= 45, 30, "the five sent")
+    receiver.start()
+    wait_for(lambda: receiver.metric("missing_records", "kafka_writer") >= 5, 60,
+             "the five reported, after the destination was read back")
+    r = subprocess.run([sys.executable, "-m", "diode", "tickets", str(topology), "--open"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "receiver-down" in r.stdout, r.stdout + r.stderr
     said = sender.output() + receiver.output()
     refused = [line for line in said.splitlines()
                if re.search(r"authori[sz]ation|not authorized", line, re.I)]
