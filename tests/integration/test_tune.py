@@ -150,7 +150,8 @@ def test_the_receiving_host_measures_its_side_with_the_source_cluster_never_aske
                            timeout=300)
     finally:
         trap.close()
-    assert r.returncode in (0, 1), r.stderr[-3000:]
+    # (exit 1: no rate fits on a machine this busy; its advice is printed all the same)
+    assert r.returncode in (0, 1) and r.stdout.strip(), r.stderr[-3000:]
     advice = json.loads(r.stdout)
     assert advice["measured"]["brokers"] == "the receiver's cluster alone", r.stderr[-2000:]
     assert all(w["records"] > 0 for w in advice["measured"]["windows"])
