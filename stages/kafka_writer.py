@@ -896,7 +896,7 @@ class Stage(BaseStage):
         self.log.warning("missing %s[%d] offsets %d..%d expired: the source no longer holds "
                          "them, they cannot be resent", topic, partition, first, last)
         self._publish("missing", topic, partition, first, last, "expired", incarnation,
-                      **({"ticket": ticket} if ticket else {}))
+                      ticket=ticket)
 
     def _event(self, kind, topic, partition, first, last, reason,
                incarnation: bytes | None, **more) -> None:
@@ -922,8 +922,6 @@ class Stage(BaseStage):
         """An event on the missing-records topic, when there is one (`more`: its ticket and, of
         a closed one, its state and times), as diode.accounting.events defines it."""
         if self.r.missing_records_topic:
-            if kind == "missing":
-                more.setdefault("ticket", None)  # (a refused record is no ticket)
             event = MISSING_RECORDS_EVENT[kind].build(
                 sourceTopic=topic, sourcePartition=partition,
                 sourceTopicId=identity.text(incarnation) if incarnation is not None else None,
@@ -1129,7 +1127,8 @@ class Stage(BaseStage):
             return
         self.metrics.inc("refused_records")
         self._event("missing", topic, partition, offset, offset, f"refused: {error}",
-                    identity.parse(coordinates.get("sourceTopicId", b"")))
+                    identity.parse(coordinates.get("sourceTopicId", b"")),
+                    ticket=None)  # (a refused record is no ticket)
 
     def _delivered(self, err, msg):
         """Called for records the destination refused (delivery.report.only.error): with

@@ -586,10 +586,14 @@ class PartitionState:
                 keep.append([a, b])
                 continue
             keep += [r for r in ([a, lo - 1], [hi + 1, b]) if r[0] <= r[1]]
-            u.missing.append(Missing(lo, hi, self._reason("gap", live)))
-            bisect.insort(self._reports, (lo, hi, self._now, self.wait))
-            bisect.insort(self.gaps, [lo, hi])
+            self._report_below(Missing(lo, hi, self._reason("gap", live)), u)
         self.unknown = keep
+
+    def _report_below(self, m: Missing, u: Update) -> None:
+        """_report of a range below the frontier: put in its place among the reported ones."""
+        u.missing.append(m)
+        bisect.insort(self._reports, (m.first, m.last, self._now, self.wait))
+        bisect.insort(self.gaps, [m.first, m.last])
         del self._reports[:-self.max_gaps]
         del self.gaps[:-self.max_gaps]
 
@@ -664,11 +668,7 @@ class PartitionState:
             if now - since < self.wait:
                 keep.append([first, last, since])
                 continue
-            u.missing.append(Missing(first, last, "gap"))
-            bisect.insort(self._reports, (first, last, now, self.wait))
-            bisect.insort(self.gaps, [first, last])
-        del self._reports[:-self.max_gaps]
-        del self.gaps[:-self.max_gaps]
+            self._report_below(Missing(first, last, "gap"), u)
         self.expected = keep
 
 

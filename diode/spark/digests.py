@@ -30,11 +30,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from diode.accounting import digests as dg
+from diode.accounting.events import DIGEST
 from diode.accounting.ranges import merge, subtract
 from diode.spark.verify import SOURCE, _origin, by_source, extract, own_headers
 
-DIGEST_SCHEMA = ("sourceTopic string, sourcePartition int, sourceTopicId string, "
-                 "firstOffset long, lastOffset long, count long, digest string")
+DIGEST_SCHEMA = DIGEST.spark_schema("sourceTopic", "sourcePartition", "sourceTopicId",
+                                    "firstOffset", "lastOffset", "count", "digest")
 JUDGED = T.StructType([T.StructField("state", T.StringType()),
                        T.StructField("present", T.LongType()),
                        T.StructField("conflicting", T.LongType()),
