@@ -68,7 +68,7 @@ from diode.kafka.clients import client_settings, produce_run, producer_config, r
 from diode.kafka.metasync import MetadataSync, pins
 from diode.kafka.preparer import METADATA_TIMEOUT, HoldingsAnswer, Preparer, TopicAnswer
 from diode.accounting import tickets
-from diode.accounting.events import MISSING_RECORDS_EVENT, meaning
+from diode.accounting.events import DIGEST, HEARTBEAT, MISSING_RECORDS_EVENT, meaning
 from diode.accounting.ordering import PartitionState, SourcePartition
 from diode.accounting.ranges import merge
 from diode.link.records import partition_owner
@@ -851,12 +851,11 @@ class Stage(BaseStage):
         if not topic:
             return
         for t, p, inc, first, last, count, digest in batch["partitions"]:
-            self.event_queue.append((topic, f"{t}-{p}".encode(), json.dumps({
-                "sourceTopic": t, "sourcePartition": p, "sourceTopicId": identity.text(inc),
-                "firstOffset": first, "lastOffset": last, "count": count,
-                "digest": digest.hex(), "sentAt": batch["time_ms"],
-                "sourceCluster": batch["cluster"], "resend": bool(batch.get("resend"))
-            }).encode(), None))
+            self.event_queue.append((topic, f"{t}-{p}".encode(), json.dumps(DIGEST.build(
+                sourceTopic=t, sourcePartition=p, sourceTopicId=identity.text(inc),
+                firstOffset=first, lastOffset=last, count=count, digest=digest.hex(),
+                sentAt=batch["time_ms"], sourceCluster=batch["cluster"],
+                resend=bool(batch.get("resend")))).encode(), None))
         self.metrics.inc("digests", len(batch["partitions"]))
 
     def _export_source_state(self) -> None:
@@ -942,16 +941,17 @@ class Stage(BaseStage):
         self._sender_stopping(beat, seen)
         if self.r.heartbeat_topic and len(self.event_queue) < MAX_EVENTS // 2:
             # (liveness, not data: dropped rather than holding input while events are behind)
-            self.event_queue.append((self.r.heartbeat_topic, beat["session"].encode(), json.dumps({
-                "senderTime": beat.get("time_ms"), "receivedAt": int(time.time() * 1000),
-                "reader": beat.get("reader"), "session": beat["session"],
-                "sourceCluster": beat.get("cluster"),
-                "partitions": len(beat["partitions"]), "counters": beat.get("counters", {}),
-                "lastSent": [{"topic": t, "partition": p, "offset": last, "chainStart": start,
-                              "topicId": identity.text(inc), "sourceEnd": end,
-                              "retired": retired}
-                             for t, p, inc, start, last, end, retired in beat["partitions"]]
-            }).encode(), None))
+            self.event_queue.append((self.r.heartbeat_topic, beat["session"].encode(), json.dumps(
+                HEARTBEAT.build(
+                    senderTime=beat.get("time_ms"), receivedAt=int(time.time() * 1000),
+                    reader=beat.get("reader"), session=beat["session"],
+                    sourceCluster=beat.get("cluster"), partitions=len(beat["partitions"]),
+                    counters=beat.get("counters", {}),
+                    lastSent=[{"topic": t, "partition": p, "offset": last, "chainStart": start,
+                               "topicId": identity.text(inc), "sourceEnd": end,
+                               "retired": retired}
+                              for t, p, inc, start, last, end, retired in beat["partitions"]])
+            ).encode(), None))
 
     def _sender_stopping(self, beat: dict, seen: float) -> None:
         """A clean stop of the sender (each of its readers' newest heartbeats marked stopping)
