@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from diode.errors import DiodeError
+from diode.link.path import ETHERNET_DATAGRAM, MAX_UDP_PAYLOAD
 from diode.runtime import files
 from diode.runtime.topology import SECRET_KAFKA_KEYS
 
@@ -34,8 +35,6 @@ CONNECTOR_CLASS = {SINK: "DataDiodeSinkConnector", SOURCE: "DataDiodeSourceConne
 DEFAULT_PASSWORD_FILE = "secrets/diode.password"
 CONNECT_BOOTSTRAP = "localhost:9092"  # Kafka Connect's default bootstrap.servers
 PLACEHOLDER_TOPIC = "CHANGE-ME"
-MAX_DATAGRAM = 65507  # the largest UDP payload over IPv4
-MTU_DATAGRAM = 1472   # one Ethernet frame of 1500 bytes
 
 
 class PropertiesError(DiodeError):
@@ -479,10 +478,10 @@ def _take_sink(d: _Draft, cfg: Config, key: str, value: str) -> bool:
             kb = _integer(value, 1, 1 << 20)
         except ValueError as exc:
             raise PropertiesError(f"{cfg.path}: {key} {exc}") from None
-        d.values["link.datagram.size.bytes"] = min(kb * 1024, MAX_DATAGRAM)
-        if kb * 1024 > MAX_DATAGRAM:
+        d.values["link.datagram.size.bytes"] = min(kb * 1024, MAX_UDP_PAYLOAD)
+        if kb * 1024 > MAX_UDP_PAYLOAD:
             d.notes.append(f"{key} {kb} is more than one UDP datagram holds: "
-                           f"link.datagram.size.bytes is {MAX_DATAGRAM}, the largest")
+                           f"link.datagram.size.bytes is {MAX_UDP_PAYLOAD}, the largest")
     elif key == "errors.deadletterqueue.topic.name":
         d.values["sender.dead.letter.topic"] = value.strip()
     elif key == "name" and not cfg.worker:
@@ -614,14 +613,14 @@ def _map_link(link: dict, shared: dict, values: dict, sink, source, notes: list)
         link["bind.address"] = bind
     if "link.datagram.size.bytes" in values:
         link["datagram.size.bytes"] = size = values["link.datagram.size.bytes"]
-        if size > MTU_DATAGRAM:
+        if size > ETHERNET_DATAGRAM:
             notes.append(f"link.datagram.size.bytes {size} relies on IP fragmentation, where "
-                         f"one lost fragment loses the whole datagram; {MTU_DATAGRAM} fits an "
+                         f"one lost fragment loses the whole datagram; {ETHERNET_DATAGRAM} fits an "
                          "MTU of 1500 (diode fragments large records itself)")
     elif sink is not None:
         notes.append("diode.buffer.size.kb not given: the connector sent datagrams of up to "
                      "40 KB; diode sends datagrams that fit the path's MTU "
-                     f"(link.datagram.size.bytes: auto, {MTU_DATAGRAM} bytes for an MTU of "
+                     f"(link.datagram.size.bytes: auto, {ETHERNET_DATAGRAM} bytes for an MTU of "
                      "1500)")
     if sink is not None:
         notes.append("the connector sends unpaced; diode paces the sender at link.rate.mbps "
