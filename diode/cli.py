@@ -273,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_parser(sub)
     from diode import tune
     tune.add_parser(sub)
-    from diode import connect_import
+    from diode.connect_import import command as connect_import
     connect_import.add_parser(sub)
     from diode import status
     status.add_parser(sub)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from diode.errors import DiodeError
 from diode.runtime import launches, statedir
-from diode.runtime.metrics import read_counter
+from diode.runtime.metrics import read_counter, samples
 
 RATE_OF = {"kafka_reader": "records", "packer": "datagrams", "udp_sender": "datagrams",
            "udp_reader": "datagrams", "unpacker": "records", "kafka_writer": "records"}
@@ -60,14 +60,11 @@ def _texts(entry: dict, topology) -> list[str]:
 def _per_worker(texts: list[str], name: str) -> dict:
     """(side, stage, index) -> the metric's value, summed over samples."""
     out: dict = {}
-    for text in texts:
-        for line in text.splitlines():
-            if not line.startswith((f"diode_{name}{{", f"diode_{name}_total{{")):
-                continue
-            labels, value = line[line.index("{") + 1:].rsplit("} ", 1)
-            found = dict(p.split("=", 1) for p in labels.split(",") if p)
-            key = tuple(found.get(k, '""').strip('"') for k in ("side", "stage", "index"))
-            out[key] = out.get(key, 0.0) + float(value)
+    names = (f"diode_{name}", f"diode_{name}_total")
+    for full, labels, value in samples(texts):
+        if full in names:
+            key = tuple(labels.get(k, "") for k in ("side", "stage", "index"))
+            out[key] = out.get(key, 0.0) + value
     return out
 
 
@@ -75,16 +72,9 @@ def per_topic(texts, name: str, label: str = "topic") -> dict:
     """topic (or the value of `label`) -> the metric's value summed over workers (its samples
     labelled by topic)."""
     out: dict = {}
-    for text in texts if isinstance(texts, list) else [texts]:
-        for line in text.splitlines():
-            if not line.startswith(f"diode_{name}{{") or f'{label}="' not in line:
-                continue
-            labels, value = line[line.index("{") + 1:].rsplit("} ", 1)
-            topic = labels.split(f'{label}="', 1)[1]
-            end = next(i for i, c in enumerate(topic) if c == '"' and
-                       (len(topic[:i]) - len(topic[:i].rstrip("\\"))) % 2 == 0)
-            topic = topic[:end].replace('\\"', '"').replace("\\\\", "\\")
-            out[topic] = out.get(topic, 0.0) + float(value)
+    for full, labels, value in samples(texts):
+        if full == f"diode_{name}" and label in labels:
+            out[labels[label]] = out.get(labels[label], 0.0) + value
     return out
 
 
@@ -146,17 +136,15 @@ def launch_status(entry: dict, before: dict, after: dict, topology=None) -> dict
             moved["bytes_per_second"] = round(max(0.0, after["bytes"].get(key, 0.0) -
                                                   before["bytes"].get(key, 0.0)) / dt, 1)
         workers.append({**w, "on_cpu": on, **moved, "cpu_percent": round(100 * cpu, 1)})
-    text = "".join(after["texts"])
+    texts = after["texts"]
 
     def total(name, **labels):
-        return read_counter(text, name, **labels)
+        return read_counter(texts, name, **labels)
 
     receiver = "receiver" in entry["sides"]
-    heartbeat = [float(v) for line in text.splitlines()
-                 if line.startswith("diode_link_heartbeat_age_seconds{")
-                 for v in [line.rsplit(" ", 1)[1]]]
-    sessions = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                if line.startswith("diode_sessions_active{")]
+    heartbeat = [v for full, _, v in samples(texts)
+                 if full == "diode_link_heartbeat_age_seconds"]
+    sessions = [v for full, _, v in samples(texts) if full == "diode_sessions_active"]
     return {
         "pid": entry["pid"], "topology": entry["topology"], "name": entry["name"],
         "sides": entry["sides"], "run_dir": entry["run_dir"],
@@ -188,9 +176,9 @@ def launch_status(entry: dict, before: dict, after: dict, topology=None) -> dict
         if receiver else None,
         "source": {t: {"lag_records": int(lag), "held_records": int(held.get(t, 0)),
                        "missing_at_risk_records": int(risk.get(t, 0))}
-                   for lag, held, risk in [(per_topic(text, "source_lag_records"),
-                                            per_topic(text, "source_held_records"),
-                                            per_topic(text, "missing_at_risk_records"))]
+                   for lag, held, risk in [(per_topic(texts, "source_lag_records"),
+                                            per_topic(texts, "source_held_records"),
+                                            per_topic(texts, "missing_at_risk_records"))]
                    for t, lag in sorted(lag.items())} if receiver else None,
         "metadata": {"topics": per_topic(after["texts"], "metadata_synced_timestamp_seconds"),
                      "groups": per_topic(after["texts"], "group_synced_timestamp_seconds",

@@ -42,7 +42,7 @@ import time
 from collections import deque
 
 from diode.runtime import checkpoints, replays, transport
-from diode.link import admission, offload, udpstat, wire
+from diode.link import admission, offload, path, udpstat, wire
 from diode.errors import DiodeError, RejectedDatagram
 from diode.runtime.journal import HEADER, Journal, JournalError, JournalFull
 from diode.runtime.worker import Stage as BaseStage
@@ -52,7 +52,7 @@ POLL_MS = 50                  # longest wait for a datagram
 MARK_SECONDS = 0.02           # marks at least this often while traffic flows or the link is idle
 HOUSEKEEPING_SECONDS = 1.0    # journal release, metrics
 TIMES_MAX = 100_000           # (position, clock) entries kept for datagrams not yet forwarded
-MAX_DATAGRAM = 65536
+MAX_DATAGRAM = path.DATAGRAM_BUFFER
 RECORD_HEADER = HEADER.size   # a journal record's header: positions are record starts
 
 

@@ -12,12 +12,12 @@ from collections import deque
 
 import zmq
 
-from diode.link import offload, pacing
+from diode.link import offload, pacing, path
 from diode.runtime import transport
 from diode.runtime.worker import Stage as BaseStage
 
 # UDP and IPv4 headers: pacing counts what the link carries.
-IP_UDP_OVERHEAD = 28
+IP_UDP_OVERHEAD = path.IPV4_UDP
 MAX_PENDING_ACKS = 100_000  # per reader, while it cannot be reached
 
 

@@ -44,7 +44,7 @@ class Stage(BaseStage):
         self.sessions = (set(), set())
         self.sessions_rotated = time.monotonic()
         r = self.t.receiver
-        self.record_limit = r.max_record_bytes + 65536  # a record's batch framing included
+        self.record_limit = r.max_record_bytes + runs.FRAMING_ALLOWANCE
         self.reassembler = fragments.Reassembler(
             self.record_limit, max(r.reassembly_max_bytes, self.record_limit),
             r.reassembly_timeout_ms / 1000)

@@ -29,6 +29,7 @@ from pathlib import Path
 from diode.kafka import maven
 from diode.jars import KAFKA
 from diode.errors import DiodeError
+from diode.runtime.parent import die_with_parent
 
 log = logging.getLogger("diode.kafka.brokers")
 
@@ -37,12 +38,8 @@ SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 def _follow_parent():
-    import ctypes
     os.setsid()  # Ctrl-C must not stop the broker before the writers have flushed
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    die_with_parent()
 
 
 class EmbeddedBroker:

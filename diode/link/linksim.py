@@ -21,6 +21,8 @@ import socket
 import time
 from dataclasses import asdict, dataclass, field
 
+from diode.link.path import DATAGRAM_BUFFER
+
 
 @dataclass(frozen=True)
 class FaultSettings:
@@ -118,7 +120,7 @@ class LinkSim:
         self._n = 0
 
     def run(self, should_stop) -> None:
-        buf = bytearray(65536)
+        buf = bytearray(DATAGRAM_BUFFER)
         while not should_stop():
             timeout = 0.05
             if self._queue:

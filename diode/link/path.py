@@ -20,7 +20,10 @@ from typing import NamedTuple
 import psutil
 
 MAX_AUTO = 65000            # the largest `auto` size (loopback's MTU is 65 536)
-IPV4_UDP, IPV6_UDP = 28, 48  # IP + UDP header bytes
+IPV4_UDP, IPV6_UDP = 28, 48  # IP + UDP header bytes around each datagram
+MAX_UDP_PAYLOAD = 65535 - IPV4_UDP    # 65 507: the largest datagram IPv4 carries
+ETHERNET_DATAGRAM = 1500 - IPV4_UDP   # 1 472: the largest that crosses an Ethernet frame whole
+DATAGRAM_BUFFER = 65536               # bytes of a receive buffer that any datagram fits in
 
 
 class Path(NamedTuple):

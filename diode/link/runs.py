@@ -41,6 +41,10 @@ FLAG_HEADERS = 1  # the run has header columns and blocks
 HEADER = struct.Struct("<IHBxiiiqIII16s")
 HEADER_BYTES = HEADER.size  # 56
 FIXED_PER_RECORD = 8 + 8 + 1 + 4 + 4  # offset, timestamp, type, key and value lengths
+# Room over max.record.bytes for what frames one record, generous for both: its run's header,
+# topic and a compressor's growth (the unpacker's reassembly limit), and the Kafka batch around
+# it (the writer's producer message.max.bytes)
+FRAMING_ALLOWANCE = 65536
 _LITTLE = sys.byteorder == "little"
 
 

@@ -33,7 +33,6 @@ FLAG_STOPPING = 2  # a heartbeat sent as its reader stops cleanly (after its las
 
 HEADER = struct.Struct("!2sBBBBBBQQI")
 HEADER_BYTES = HEADER.size  # 28
-MAX_UDP_PAYLOAD = 65507
 
 
 class Header(NamedTuple):

@@ -11,14 +11,14 @@ counted still happened).
 """
 
 import argparse
-import ctypes
 import json
 import os
 import signal
 import sys
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1
+from diode.runtime.parent import die_with_parent
+
 READY = "serving metrics on"
 
 
@@ -96,10 +96,7 @@ def main(argv=None) -> int:
     p.add_argument("--status", required=True)
     p.add_argument("--side", required=True)
     args = p.parse_args(argv)
-    try:
-        ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
+    die_with_parent()
     from wsgiref.simple_server import WSGIRequestHandler, make_server
 
     from prometheus_client import make_wsgi_app

@@ -24,6 +24,7 @@ count, not its earlier part twice.
 """
 
 import bisect
+import functools
 import logging
 import os
 import time
@@ -482,19 +483,30 @@ class _PrometheusMirror:
             self.histograms[key] = (tuple(h.counts), h.sum)
 
 
-def read_counter(text: str, name: str, **labels) -> float:
-    """Sum of a metric's samples in Prometheus text whose labels include `labels`: `name` as the
-    stages count it (`records` finds diode_records_total, `journal_bytes` diode_journal_bytes)."""
-    total = 0.0
-    prefixes = (f"diode_{name}{{", f"diode_{name}_total{{")
-    for line in text.splitlines():
-        if not line.startswith(prefixes):
-            continue
-        label_text, value = line[line.index("{") + 1:].rsplit("} ", 1)
-        found = dict(part.split("=", 1) for part in label_text.split(",") if part)
-        if all(found.get(k) == f'"{v}"' for k, v in labels.items()):
-            total += float(value)
-    return total
+def samples(text) -> list:
+    """Every sample in Prometheus text (one string, or a list of them: textfiles, scrapes) as
+    (name, labels, value), the name as exported (`diode_records_total`,
+    `diode_end_to_end_latency_seconds_count`), the label values unescaped: read by
+    prometheus_client's parser, the one reading of the format in diode and its tests."""
+    texts = [text] if isinstance(text, str) else text
+    return [sample for one in texts for sample in _parsed(one)]
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(text: str) -> tuple:
+    # (a text is read for several metrics in a row: `diode status`, `diode tune --live`)
+    from prometheus_client.parser import text_string_to_metric_families
+    return tuple((s.name, s.labels, s.value) for family in text_string_to_metric_families(text)
+                 for s in family.samples)
+
+
+def read_counter(text, name: str, **labels) -> float:
+    """Sum of a metric's samples in Prometheus text (one string or a list) whose labels include
+    `labels`: `name` as the stages count it (`records` finds diode_records_total,
+    `journal_bytes` diode_journal_bytes)."""
+    names = (f"diode_{name}", f"diode_{name}_total")
+    return float(sum(value for full, found, value in samples(text) if full in names and
+                     all(found.get(k) == str(v) for k, v in labels.items())))
 
 
 def reference_markdown() -> str:

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field, replace
 import psutil
 
 from diode.errors import ClusterError, DiodeError, SecretError
-from diode.link import admission, crypto
+from diode.link import admission
+from diode.runtime import key_material as keys
 from diode.runtime import launches, statedir
 from diode.runtime import topology as topo
-from diode.runtime.topology import FILE_KAFKA_KEYS, REFERENCE, yaml_key
+from diode.runtime.topology import FILE_KAFKA_KEYS, REFERENCE
 
 CLUSTER_TIMEOUT_SECONDS = 2.5
 CLUSTER = {"sender": "source", "receiver": "destination"}
@@ -81,38 +82,19 @@ def check(t, sides=topo.SIDES, timeout: float = CLUSTER_TIMEOUT_SECONDS,
 
 def key_material(t) -> Report:
     """The link's current key and, during a rotation, the next one: each file readable, each
-    variable set, neither empty, a key file of 32 raw bytes or 64 hex characters. What
-    diode.runtime.supervisor.load_secrets reads, read the same way."""
+    variable set, neither empty, a key file of 32 raw bytes or 64 hex characters; read as a
+    launch reads them (diode.runtime.key_material)."""
     report = Report()
-    sec = t.security
-    if sec.cipher == "none":
+    if t.security.cipher == "none":
         return report
-    for prefix, what in (("", "password"), ("next_", "next password")):
-        key_file, password_file, password_env = (
-            getattr(sec, prefix + name) for name in ("key_file", "password_file",
-                                                     "password_env"))
-        setting = "security." + yaml_key(prefix + ("key_file" if key_file else "password_file"
-                                                   if password_file else "password_env"))
+    for which in (keys.CURRENT, keys.NEXT):
         try:
-            if key_file:
-                crypto.read_key_file(t.resolve(key_file))
-            elif password_file or password_env:
-                password = crypto.read_secret(t.resolve(password_file), password_env, what)
-                if not password:
-                    raise SecretError(f"the password file {t.resolve(password_file)} is empty"
-                                      if password_file else
-                                      f"the environment variable {password_env} is empty")
-            else:
-                continue
+            material = keys.read(t, which)
         except SecretError as exc:
-            report.problems.append(f"{setting}: {exc}")
+            report.problems.append(str(exc))
             continue
-        if key_file or password_file:
-            path = t.resolve(key_file or password_file)
-            mode = os.stat(path).st_mode & 0o777
-            if mode & 0o077:
-                report.warnings.append(f"{setting}: {path} is readable by other users (mode "
-                                       f"{mode:o}): chmod 600 {path}")
+        if material is not None and material.warning:
+            report.warnings.append(material.warning)
     return report
 
 

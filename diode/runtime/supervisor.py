@@ -35,10 +35,10 @@ import setproctitle
 
 from diode.link import crypto
 from diode.link import path as link_path
-from diode.runtime import exporter, launches, statedir, worker
+from diode.runtime import exporter, key_material, launches, statedir, worker
 from diode.kafka import brokers as embedded
 from diode.kafka.clients import client_settings
-from diode.errors import DiodeError
+from diode.errors import DiodeError, SecretError
 from diode.runtime import topology as topo
 from diode.runtime.topology import PIPELINES, SIDES, Topology
 from diode.runtime.wiring import WorkerSpec, plan
@@ -103,39 +103,28 @@ class Worker:
 
 
 def load_secrets(t: Topology) -> worker.Secrets:
-    """Key material, derived once here and inherited by every child."""
+    """Key material, derived once here and inherited by every child (read by
+    diode.runtime.key_material, a file other users can read warned about)."""
     sec = t.security
     cipher_id = crypto.CIPHER_IDS[sec.cipher]
     if not cipher_id:
         log.warning("security.cipher is none: datagrams are NOT encrypted or authenticated; "
                     "anyone who can reach the receiver's port can write records")
         return worker.Secrets(0, None)
-    current = _master_key(t, sec.key_file, sec.password_file, sec.password_env, "password")
-    following = None
-    if sec.next_key_file or sec.next_password_file or sec.next_password_env:
-        following = _master_key(t, sec.next_key_file, sec.next_password_file,
-                                sec.next_password_env, "next password")
+    current = _master_key(t, key_material.CURRENT)
+    if current is None:
+        raise SecretError("security: no key.file, password.file or password.env given")
+    following = _master_key(t, key_material.NEXT)
     return worker.Secrets(cipher_id, current, sec.key_id, following, sec.next_key_id)
 
 
-def _master_key(t: Topology, key_file: str, password_file: str, password_env: str,
-                what: str) -> bytes:
-    if key_file:
-        return crypto.read_key_file(t.resolve(key_file))
-    if password_file:
-        _warn_if_readable_by_others(t.resolve(password_file))
-    password = crypto.read_secret(t.resolve(password_file), password_env, what)
-    return crypto.master_key_from_password(password, t.security.salt.encode())
-
-
-def _warn_if_readable_by_others(path: str) -> None:
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return  # read_secret explains
-    if mode & 0o077:
-        log.warning("the password file %s is readable by other users (mode %o): "
-                    "chmod 600 %s", path, mode & 0o777, path)
+def _master_key(t: Topology, which: tuple) -> bytes | None:
+    material = key_material.read(t, which)
+    if material is None:
+        return None
+    if material.warning:
+        log.warning("%s", material.warning)
+    return material.master_key(t.security.salt.encode())
 
 
 class Supervisor:

@@ -5,8 +5,9 @@ The soak owns everything it runs, so that it can break any of it: the topology's
 brokers (on free ports), `diode link-sim` between the sides (its faults changed through its
 control socket), the receiver and the sender as two `diode launch` processes (each restartable
 alone), and the traffic, produced from this process to topics of its own (`soak-<id>-<n>`, so
-the verdict is about this soak's records only). At the end it drains the pipeline, stops it and
-asks diode.soak.audit for the verdict on Spark.
+the verdict is about this soak's records only). The faults are applied on their schedule
+(diode.soak.schedule) by diode.soak.faults. At the end it drains the pipeline, stops it, asks
+diode.soak.audit for the verdict on Spark and writes the report (diode.soak.report).
 """
 
 import contextlib
@@ -16,8 +17,6 @@ import datetime
 import json
 import logging
 import os
-import queue
-import random
 import re
 import secrets
 import shlex
@@ -39,6 +38,7 @@ from diode.runtime import launches
 from diode.runtime import topology as topo
 from diode.errors import DiodeError
 from diode.soak import schedule as sched
+from diode.soak.faults import BROKER_FAULTS, Faults
 from diode.soak import traffic
 
 log = logging.getLogger("diode.soak")
@@ -47,28 +47,6 @@ SAMPLE_SECONDS = 1.0
 MISSING_TOPIC = "diode-soak-missing"
 DIGEST_TOPIC = "diode-soak-digests"
 MEMORY_JUDGED_AFTER = 600.0  # seconds of samples before a memory slope means anything
-# Link-sim settings of each link fault, from the fault's parameters.
-LINK_SETTINGS = {
-    "link-loss": lambda p: {"loss": p["loss"]},
-    "link-burst": lambda p: {"burst_probability": p["probability"],
-                             "burst_length": p["length"]},
-    "link-reorder": lambda p: {"reorder": p["probability"], "reorder_delay_ms": p["delay_ms"]},
-    "link-duplicate": lambda p: {"duplicate": p["probability"]},
-    "link-corrupt": lambda p: {"corrupt": p["probability"]},
-    "link-delay": lambda p: {"delay_ms": p["delay_ms"]},
-    "link-down": lambda p: {"loss": 1.0},
-}
-BROKER_FAULTS = {"destination-pause": "destination", "destination-stop": "destination",
-                 "source-pause": "source"}
-
-
-def _kill(p) -> None:
-    try:
-        p.kill()
-    except psutil.Error:
-        pass
-
-
 class Counters:
     """Counters summed over every worker incarnation: a restarted worker's metrics file starts
     from 0 again, so each file's drops are new beginnings, not negative progress."""
@@ -109,7 +87,7 @@ class Soak:
         self.stopping = threading.Event()
         self.interrupts = 0
         self.failures: list[str] = []
-        self.fault_log: list[dict] = []
+        self.fault_log: list[dict] = []  # each fault as it was applied (diode.soak.faults)
         self.timeline: list[dict] = []
         self.launches: dict = {}      # side -> its diode.runtime.launches.Launch
         self.restarting: set = set()  # sides a restart fault has down on purpose
@@ -119,8 +97,7 @@ class Soak:
         self.restarts = 0
         self._pids: dict = {}
         self._cpu: dict = {}
-        self._threads: list = []
-        self._main_calls: queue.Queue = queue.Queue()
+        self.faults = Faults(self)
 
     # -- before anything starts ------------------------------------------------------------
 
@@ -153,7 +130,7 @@ class Soak:
             if found.get("destination", ("",))[0] == "tansu":
                 cannot.add("destination-stop")
             if cannot:
-                self._say("the built-in schedule leaves out " + ", ".join(sorted(cannot))
+                self.say("the built-in schedule leaves out " + ", ".join(sorted(cannot))
                           + ": the soak can pause and stop only the topology's embedded "
                           "brokers, and stop only Apache Kafka")
             faults = sched.default_schedule(duration, a.seed, frozenset(cannot))
@@ -203,7 +180,7 @@ class Soak:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         diode_log = logging.getLogger("diode")
         diode_log.addHandler(handler)
-        # The terminal gets the soak's own lines (once, through _say) and diode's warnings;
+        # The terminal gets the soak's own lines (once, through say) and diode's warnings;
         # what the brokers and the clients say at INFO is in soak.log only.
         warnings = logging.StreamHandler(sys.stderr)
         warnings.setLevel(logging.WARNING)
@@ -226,7 +203,7 @@ class Soak:
                 verdict = self._audit(plan)
         except DiodeError as exc:
             self.failures.append(str(exc))
-            self._say(f"error: {exc}")
+            self.say(f"error: {exc}")
         finally:
             self._cleanup()
             for s, h in previous.items():
@@ -243,11 +220,11 @@ class Soak:
     def _on_signal(self, signum, frame) -> None:
         self.interrupts += 1
         if self.interrupts == 1:
-            self._say("stopping: draining, stopping every process, then the audit and the "
+            self.say("stopping: draining, stopping every process, then the audit and the "
                       "report (Ctrl-C again: no audit)")
         self.stopping.set()
 
-    def _say(self, text: str) -> None:
+    def say(self, text: str) -> None:
         log.info("%s", text)
         print(f"diode soak: {text}", file=sys.stderr, flush=True)
 
@@ -257,7 +234,7 @@ class Soak:
             b = embedded.make_broker(kind, role, f"127.0.0.1:{embedded.free_port()}",
                                      str(self.out / f"broker-{role}.log"))
             self.brokers[role] = b
-        self._say(f"starting {len(self.brokers)} embedded broker(s)")
+        self.say(f"starting {len(self.brokers)} embedded broker(s)")
         embedded.start_all(list(self.brokers.values()))
         files = self._topologies(plan)
         self._create_topics(plan)
@@ -268,7 +245,7 @@ class Soak:
              "--control", f"127.0.0.1:{ports['control']}", "--seed", str(a.seed),
              "--report", str(self.out / "link-sim.json")],
             stdout=open(self.out / "link-sim.log", "ab"), stderr=subprocess.STDOUT)
-        self.control = ("127.0.0.1", ports["control"])
+        self.faults.control = ("127.0.0.1", ports["control"])
         # ZeroMQ ipc paths must fit in 107 bytes: the run directories are short temporary ones
         self.run_root = Path(tempfile.mkdtemp(prefix="diode-soak-"))
         self.run_dirs = {}
@@ -276,15 +253,15 @@ class Soak:
             self.run_dirs[side] = self.run_root / side
             self.launches[side] = launches.Launch(files[side], side, self.run_dirs[side],
                                                   self.out / f"launch-{side}.log").start()
-            self.launches[side].wait_ready(self._worker_count(side))
+            self.launches[side].wait_ready(self.worker_count(side))
         self.writes = Counters(list(self.run_dirs.values()), "kafka_writer",
                                ("records", "missing_records", "late_records"))
-        self._say(f"sides up; producing {plan.rate:.0f} records/s to {', '.join(plan.topics)} "
+        self.say(f"sides up; producing {plan.rate:.0f} records/s to {', '.join(plan.topics)} "
                   f"for {sched.format_duration(self.duration)}, {len(plan.faults)} faults")
         self.traffic = traffic.Traffic(self._source_kafka(plan), plan.records, plan.rate)
         self.traffic.start()
 
-    def _worker_count(self, side: str) -> int:
+    def worker_count(self, side: str) -> int:
         t = self.plan.topology
         return sum(s.instances for s in getattr(t, side).stages.values())
 
@@ -367,16 +344,16 @@ class Soak:
                 if elapsed >= self.duration:
                     break
                 while pending and pending[0].start <= elapsed:
-                    self._inject(pending.pop(0))
+                    self.faults.inject(pending.pop(0))
                 self._sample(elapsed)
                 self._check_alive()
                 view.update()
                 next_sample += SAMPLE_SECONDS
                 while time.monotonic() < next_sample and not self.stopping.is_set():
-                    self._run_main_calls()
+                    self.faults.run_main_calls()
                     self.stopping.wait(min(0.1, max(0.0, next_sample - time.monotonic())))
-            while any(th.is_alive() for th in self._threads):  # faults in progress end first
-                self._run_main_calls()
+            while self.faults.in_progress():  # faults in progress end first
+                self.faults.run_main_calls()
                 time.sleep(0.1)
 
     def _check_alive(self) -> None:
@@ -384,114 +361,11 @@ class Soak:
             if not launch.alive() and side not in self.restarting:
                 self.failures.append(f"the {side} launch exited with {launch.proc.returncode} "
                                      f"(its log: {launch.log_path})")
-                self._say(self.failures[-1])
+                self.say(self.failures[-1])
                 self.stopping.set()
         if self.linksim.poll() is not None:
             self.failures.append("link-sim exited")
             self.stopping.set()
-
-    # -- faults ----------------------------------------------------------------------------
-
-    def _inject(self, fault) -> None:
-        entry = {**fault.as_dict(), "at": round(time.monotonic() - self.t0, 2),
-                 "epoch": time.time()}
-        self.fault_log.append(entry)
-        self._say(f"fault at {sched.format_duration(entry['at'])}: {fault.describe()}")
-        th = threading.Thread(target=self._run_fault, args=(fault, entry), daemon=True)
-        self._threads.append(th)
-        th.start()
-
-    def _run_fault(self, fault, entry: dict) -> None:
-        try:
-            self._apply(fault, entry)
-        except Exception as exc:  # noqa: BLE001 - a fault that cannot be applied fails the soak
-            self.failures.append(f"fault {fault.describe()} could not be applied: {exc}")
-            log.exception("fault %s", fault.describe())
-            self.stopping.set()  # what follows would not be the soak that was asked for
-        entry["ended"] = round(time.monotonic() - self.t0, 2)
-
-    def _apply(self, fault, entry: dict) -> None:
-        k, p = fault.kind, fault.params
-        if fault.link:
-            self._link({**LINK_SETTINGS[k](p), "seed": fault.seed})
-            self._hold(fault.duration)
-            self._link({})
-        elif k == "kill-worker":
-            sides = ("sender", "receiver") if p.get("side", "any") == "any" else (p["side"],)
-            workers = {title: proc for s in sides for title, proc in
-                       self.launches[s].workers().items()
-                       if not p.get("stage") or title.split("/")[1].rsplit("-", 1)[0]
-                       == p["stage"]}
-            if not workers:  # its side is restarting (a schedule of overlapping faults)
-                entry["skipped"] = "no live worker to kill"
-                self._say(f"  skipped: {entry['skipped']}")
-                return
-            title = random.Random(fault.seed).choice(sorted(workers))
-            entry["victim"] = title
-            self._say(f"  kill -9 {title} (pid {workers[title].pid})")
-            _kill(workers[title])
-        elif k in ("sender-restart", "receiver-restart"):
-            side = k.split("-")[0]
-            launch = self.launches[side]
-            self.restarting.add(side)
-            sig = signal.SIGKILL if p.get("signal") == "kill" else signal.SIGTERM
-            code = launch.stop(sig)
-            entry["exit"] = code
-            self._hold(fault.duration)
-            launch.start()
-            launch.wait_ready(self._worker_count(side))
-            self.restarting.discard(side)
-            self._say(f"  {side} back")
-        elif k in BROKER_FAULTS:
-            b = self.brokers[BROKER_FAULTS[k]]
-            if k == "destination-stop":
-                b.stop(keep_data=True)
-                self._hold(fault.duration)
-                # a broker dies with the thread that started it (PR_SET_PDEATHSIG follows the
-                # forking thread): the main thread starts it again
-                self._on_main(b.launch)
-                b.wait_ready()
-            else:
-                b.pause()
-                try:
-                    self._hold(fault.duration)
-                finally:
-                    b.resume()
-        else:
-            raise DiodeError(f"unknown fault kind {k}")
-
-    def _on_main(self, call) -> None:
-        """Run `call` on the main thread (at its next sample) and wait for it."""
-        done = threading.Event()
-        box = {}
-        self._main_calls.put((call, done, box))
-        done.wait()
-        if "error" in box:
-            raise box["error"]
-
-    def _run_main_calls(self) -> None:
-        while True:
-            try:
-                call, done, box = self._main_calls.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                call()
-            except Exception as exc:  # noqa: BLE001 - handed back to the fault's thread
-                box["error"] = exc
-            done.set()
-
-    def _hold(self, seconds: float) -> None:
-        """Wait a fault's duration; Ctrl-C ends it early."""
-        self.stopping.wait(seconds)
-
-    def _link(self, settings: dict) -> None:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.settimeout(5)
-            s.sendto(json.dumps(settings).encode(), self.control)
-            answer = json.loads(s.recv(65536))
-        if "error" in answer:
-            raise DiodeError(f"link-sim refused {settings}: {answer['error']}")
 
     # -- samples ---------------------------------------------------------------------------
 
@@ -531,7 +405,7 @@ class Soak:
         (or nothing moved for a while)."""
         if not self.traffic:
             return
-        self._say("traffic stopped; draining the pipeline")
+        self.say("traffic stopped; draining the pipeline")
         self.traffic.stop(timeout=120)
         t = self.plan.topology
         quiet_for = 10 + 2 * t.receiver.reorder_wait_max_ms / 1000
@@ -559,7 +433,7 @@ class Soak:
 
     def _audit(self, plan: Plan):
         from diode.soak import audit
-        self._say("auditing record by record on Spark")
+        self.say("auditing record by record on Spark")
         prefix = plan.topology.receiver.topic_prefix
         # Spark's JVM (started now) writes its log and progress bars to the process's own
         # stdout and stderr, which it inherits: off a terminal, they go to spark.log
@@ -655,7 +529,7 @@ class Soak:
         (self.out / "report.json").write_text(json.dumps(rep, indent=1, default=str))
         images = report.plot(self.out, self.timeline, v.get("latency") or [], self.fault_log)
         md = report.write_markdown(self.out, rep, images)
-        self._say(("PASSED" if rep["passed"] else "FAILED: " + "; ".join(failures))
+        self.say(("PASSED" if rep["passed"] else "FAILED: " + "; ".join(failures))
                   + f" (report: {md})")
         if self.interrupts:
             return 130

@@ -21,6 +21,8 @@ SEQ_HEADER = "soak.seq"
 CRC_HEADER = "soak.crc"
 DEFAULT_SIZES = "100:0.6,1000:0.3,10000:0.1"
 TICK = 0.01  # produce what is due every 10 ms
+SIZES = 4096  # record sizes drawn from the mix, taken in turn
+STARTS = 65536  # places in the random blob where a record's value may start
 # librdkafka's log lines of the soak's own clients (the traffic's producer, its admin clients):
 # to soak.log through this logger (served by poll()), never to the terminal
 KAFKA_LOG = logging.getLogger("diode.soak.kafka")
@@ -83,15 +85,15 @@ class Records:
     def __init__(self, topics: list[str], partitions: int, mix: list, seed: int):
         self.topics, self.partitions = topics, partitions
         rng = random.Random(seed)
-        self.blob = rng.randbytes(max(s for s, _ in mix) + 65536)
+        self.blob = rng.randbytes(max(s for s, _ in mix) + STARTS)
         sizes = [s for s, _ in mix]
-        self.sizes = rng.choices(sizes, [w for _, w in mix], k=4096)
+        self.sizes = rng.choices(sizes, [w for _, w in mix], k=SIZES)
 
     def make(self, n: int) -> tuple:
         """(topic, partition, key, value, headers) of record n."""
-        size = self.sizes[n % 4096]
+        size = self.sizes[n % SIZES]
         head = b"%012d|" % n
-        start = (n * 7919) % 65536
+        start = (n * 7919) % STARTS
         value = head + self.blob[start:start + size - len(head)]
         topic = self.topics[n % len(self.topics)]
         partition = (n // len(self.topics)) % self.partitions

@@ -32,9 +32,9 @@ from diode.link.batching import DatagramBuilder
 from diode.runtime.journal import Journal
 from diode.kafka.clients import produce_run, record_headers
 from diode.accounting.ordering import PartitionState
+from diode.link.path import DATAGRAM_BUFFER, IPV4_UDP
 from diode.link.records import Record
 from diode.tune.decide import UTILISATION
-IP_UDP_OVERHEAD = 28
 
 
 @dataclass
@@ -57,7 +57,7 @@ class ReceiverCapacity:
 
     def max_mbps(self) -> tuple[float, str]:
         rate, stage = self.max_datagrams_per_second()
-        return rate * (self.datagram_bytes + IP_UDP_OVERHEAD) * 8 / 1e6, stage
+        return rate * (self.datagram_bytes + IPV4_UDP) * 8 / 1e6, stage
 
 
 def _datagrams(t, record_bytes: int, count: int) -> tuple[list, crypto.Keyring, float]:
@@ -102,7 +102,7 @@ def _udp_reader_cost(made: list, journaled: bool = True) -> float:
     bursts the socket buffer holds, then read."""
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    buf = bytearray(65536)
+    buf = bytearray(DATAGRAM_BUFFER)
     spent = 0.0
     scratch = tempfile.TemporaryDirectory(prefix="diode-check-")
     journal = Journal(scratch.name) if journaled else None

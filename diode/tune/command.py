@@ -13,6 +13,7 @@ import yaml
 
 from diode.runtime import topology as topo
 from diode.errors import DiodeError
+from diode.link.path import IPV4_UDP
 from diode.runtime.topology import PIPELINES, SIDES
 from diode.tune import edit, live
 from diode.tune.decide import UTILISATION, Machine, decide
@@ -20,7 +21,6 @@ from diode.tune.machine import pacing_advice, read_machine, sysctl_advice
 from diode.tune.measure import (MEASURE_SECONDS, WARMUP_SECONDS, Bench, Measured, measure,
                                 one_instance)
 
-IP_UDP_OVERHEAD = 28
 VERIFY_SECONDS = 15.0
 VERIFY_TOLERANCE = 0.25
 
@@ -43,7 +43,7 @@ def advise(t, measured: Measured, rate: float, machine: Machine, facts: dict,
     shared = side is None and (shares_machine(t.link.host) if shared is None else shared)
     costs = measured.cost_us
     windows = measured.windows
-    wire = (sum(w.bytes + IP_UDP_OVERHEAD * w.datagrams for w in windows[:1])
+    wire = (sum(w.bytes + IPV4_UDP * w.datagrams for w in windows[:1])
             / max(1, windows[0].records)) if windows else 0.0
     decisions = {"both": decide("both", costs, rate, machine, limit)} if shared else \
         {s: decide(s, costs, rate, machine, limit) for s in sides}

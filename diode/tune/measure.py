@@ -29,6 +29,7 @@ import yaml
 from diode.runtime import topology as topo
 from diode.runtime.launches import Launch
 from diode.errors import DiodeError
+from diode.link.path import ETHERNET_DATAGRAM, MAX_AUTO
 from diode.runtime.topology import PIPELINES, SIDES
 
 WARMUP_SECONDS = 4.0
@@ -37,7 +38,6 @@ MEASURE_SECONDS = 10.0
 PARTITIONS = 8
 SAMPLE_RECORDS = 2000
 SMALL_DATAGRAM_DIVISOR = 8   # the second window's datagrams: this many times smaller
-MIN_DATAGRAM = 1472
 
 
 @dataclass
@@ -107,9 +107,9 @@ def measure(t, raw: dict, record_mix: list, rate: float, bench: "Bench",
     from diode.soak.traffic import mean_size
     one = {side: one_instance(side) for side in SIDES}
     size = t.link.datagram_size_bytes
-    small = max(MIN_DATAGRAM, size // SMALL_DATAGRAM_DIVISOR)
+    small = max(ETHERNET_DATAGRAM, size // SMALL_DATAGRAM_DIVISOR)
     if small >= size:
-        small = min(65000, size * 4)  # already small: the other window's are larger
+        small = min(MAX_AUTO, size * 4)  # already small: the other window's are larger
     for attempt in range(3):
         a = bench.window(one, rate, record_mix, seconds)
         if (a.rate >= 0.9 * rate and not a.missing) or attempt == 2:

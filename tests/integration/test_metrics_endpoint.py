@@ -14,7 +14,7 @@ import urllib.request
 from confluent_kafka import Consumer, TopicPartition
 
 from diode.kafka.brokers import free_port
-from diode.runtime.metrics import CATALOG, exported_name
+from diode.runtime.metrics import CATALOG, exported_name, samples
 from tests.conftest import (ROOT, Launched, consume, create_topic, produce, wait_for,
                             write_topology)
 
@@ -29,11 +29,9 @@ def scrape(listen: str) -> str:
 def names(text: str) -> set:
     """Metric names in Prometheus text, histogram series folded into their metric."""
     found = set()
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0)
-            folded = re.sub(r"_(bucket|sum|count)$", "", name)
-            found.add(folded if folded in HISTOGRAMS else name)
+    for name, _, _ in samples(text):
+        folded = re.sub(r"_(bucket|sum|count)$", "", name)
+        found.add(folded if folded in HISTOGRAMS else name)
     return found
 
 
@@ -49,11 +47,9 @@ def named_in(text: str) -> set:
 
 
 def sample(text: str, name: str, **labels) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    """The sum of the samples named `name` (as exported) whose labels include `labels`."""
+    return sum(value for full, found, value in samples(text) if full == name and
+               all(found.get(k) == str(v) for k, v in labels.items()))
 
 
 def test_each_side_serves_every_documented_metric_and_status_shows_the_launch(
@@ -116,8 +112,8 @@ def test_each_side_serves_every_documented_metric_and_status_shows_the_launch(
 
         def dead_gauges_gone():
             text = scrape(listen["receiver"])
-            return text if len([ln for ln in text.splitlines()
-                                if ln.startswith("diode_reassembly_bytes{")]) == 1 else None
+            return text if len([name for name, _, _ in samples(text)
+                                if name == "diode_reassembly_bytes"]) == 1 else None
         text = wait_for(dead_gauges_gone, 30, "the dead unpacker's gauges to go")
         assert sample(text, "diode_sessions_active", stage="unpacker") <= 2  # not summed twice
 

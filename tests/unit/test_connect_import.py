@@ -11,16 +11,10 @@ import yaml
 
 from diode import cli
 from diode.runtime import topology
-from diode.connect_import import (
-    Config,
-    PropertiesError,
-    assign_roles,
-    parse_properties,
-    password,
-    read_config,
-    render_yaml,
-    to_topology,
-)
+from diode.connect_import.mapping import password, to_topology
+from diode.connect_import.properties import (Config, PropertiesError, assign_roles,
+                                             parse_properties, read_config)
+from diode.connect_import.render import render_yaml
 
 # The reference's quick start (etc/kafka-connect-datadiode/*.properties), with what a real
 # deployment adds: batching, compression, the missing-records topic, client overrides.

@@ -57,6 +57,10 @@ def test_read_counter_round_trip_with_labels():
     assert read_counter(text, "rejects", side="receiver", reason="bad_magic") == 2
     assert read_counter(text, "rejects", side="sender") == 0
     assert read_counter(text, "records", topic="orders", partition="1") == 7
+    odd = 'a "group", with=signs\\'  # (a label may hold any: a group's name)
+    m = sample_metrics()
+    m.inc("records", 2, topic=odd, partition="0")
+    assert read_counter(m.text(), "records", topic=odd) == 2
     assert read_counter(text, "queue_depth") == 12
     assert read_counter(text, "missing") == 0
 

@@ -73,6 +73,25 @@ def test_key_files_must_hold_a_key_and_the_next_key_is_checked_too(tmp_path, mon
     assert found.problems == [] and f"chmod 600 {tmp_path / 'good.key'}" in found.warnings[0]
 
 
+def test_a_launch_reads_the_keys_as_check_does_with_its_warning_and_its_refusals(
+        tmp_path, monkeypatch, caplog):
+    from diode.errors import SecretError
+    from diode.runtime.supervisor import load_secrets
+    (tmp_path / "open.key").write_text("ab" * 32 + "\n")
+    (tmp_path / "open.key").chmod(0o644)
+    t = load(tmp_path, security={"password.file": "", "key.file": "open.key"})
+    with caplog.at_level("WARNING", logger="diode.runtime.supervisor"):
+        assert load_secrets(t).master_key == bytes.fromhex("ab" * 32)
+    assert [r.getMessage() for r in caplog.records] == preflight.key_material(t).warnings == [
+        f"security.key.file: {tmp_path / 'open.key'} is readable by other users (mode 644): "
+        f"chmod 600 {tmp_path / 'open.key'}"]
+    monkeypatch.setenv("DIODE_TEST_EMPTY", "")  # a key anyone could derive: refused by both
+    t = load(tmp_path, security={"password.file": "", "password.env": "DIODE_TEST_EMPTY"})
+    with pytest.raises(SecretError) as refused:
+        load_secrets(t)
+    assert preflight.key_material(t).problems == [str(refused.value)]
+
+
 def test_kafka_secrets_and_tls_files_are_each_named_never_a_value(tmp_path, monkeypatch):
     monkeypatch.delenv("DIODE_TEST_UNSET", raising=False)
     monkeypatch.setenv("DIODE_TEST_SECRET", "hunter2-value")

@@ -1,54 +1,22 @@
-"""`diode import-properties`: a topology from the Confluent Data Diode connector's configuration.
-
-Confluent's *sink* connector runs on the high side and sends datagrams (diode's sender); its
-*source* connector runs on the low side and receives them (diode's receiver). An operator moving
-from the connector has their two .properties files (or the JSON a Connect REST API takes) and,
-perhaps, the Connect workers' files. This module maps every property it can to a topology key and
-lists every other one with the reason, so nothing changes behind the operator's back; the
-password is never written into the topology, only into a file of its own.
-
-Pure functions do the work (parse_properties, to_topology, render_yaml); `main` around them
-reads the files, validates the result with the topology registry, writes the password file and
-prints. Bad input (an unreadable file, a malformed line, values the two sides disagree on) is a
-PropertiesError, exit 2.
+"""What each property of the connector's files becomes in a topology (`to_topology`): the
+values both connectors take and must agree on (host, port, password, salt, cipher,
+compression), each connector's own, the Java Kafka client properties as librdkafka's, and for
+every property with no place in a topology (Kafka Connect's framework settings, Java-only client
+settings, the other connector's, a typo) the reason, as an Unmapped. Pure functions: the files
+are read by diode.connect_import.properties, the result written by .render and .command.
 """
 
-import json
-import os
 import re
-import string
-import sys
-import textwrap
 from dataclasses import dataclass
-from pathlib import Path
 
-import yaml
-
-from diode.errors import DiodeError
-from diode.runtime import files
+from diode.connect_import.properties import (SIDE_OF, SINK, SOURCE, Config, PropertiesError,
+                                             assign_roles, shown)
+from diode.link.path import ETHERNET_DATAGRAM, MAX_UDP_PAYLOAD
 from diode.runtime.topology import SECRET_KAFKA_KEYS
 
-SINK, SOURCE = "sink", "source"
-SIDE_OF = {SINK: "sender", SOURCE: "receiver"}
-CONNECTOR_CLASS = {SINK: "DataDiodeSinkConnector", SOURCE: "DataDiodeSourceConnector"}
 DEFAULT_PASSWORD_FILE = "secrets/diode.password"
 CONNECT_BOOTSTRAP = "localhost:9092"  # Kafka Connect's default bootstrap.servers
 PLACEHOLDER_TOPIC = "CHANGE-ME"
-MAX_DATAGRAM = 65507  # the largest UDP payload over IPv4
-MTU_DATAGRAM = 1472   # one Ethernet frame of 1500 bytes
-
-
-class PropertiesError(DiodeError):
-    """Input that cannot be imported: which file, which line or property, what is wrong."""
-
-
-@dataclass(frozen=True)
-class Config:
-    """One file read: where it came from (for messages), its properties in file order, and
-    whether it is a Connect worker's file (connect-standalone.properties) or a connector's."""
-    path: str
-    props: dict
-    worker: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,180 +25,6 @@ class Unmapped:
     key: str
     path: str
     reason: str
-
-
-# -- java.util.Properties ---------------------------------------------------------------------
-
-_WS = " \t\f"
-_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
-
-
-def parse_properties(text: str, path: str = "<text>") -> dict:
-    """Properties as java.util.Properties.load reads them: `key=value`, `key: value` or
-    `key value`; `#` and `!` comment lines; a line ending in an odd number of backslashes goes
-    on with the next (its leading whitespace dropped); \\t \\n \\r \\f \\uXXXX escapes, and a
-    backslash before any other character stands for that character. The last of a repeated key
-    wins, as in Java. Raises PropertiesError naming the line of a malformed \\u escape."""
-    props = {}
-    for lineno, line in _logical_lines(text):
-        key, value = _split(line)
-        props[_unescape(key, path, lineno)] = _unescape(value, path, lineno)
-    return props
-
-
-def _continues(line: str) -> bool:
-    return (len(line) - len(line.rstrip("\\"))) % 2 == 1
-
-
-def _logical_lines(text: str):
-    """(number of the first natural line, logical line): blank and comment lines dropped,
-    continued lines joined. A comment line never continues."""
-    lines = re.split(r"\r\n|\r|\n", text)
-    i = 0
-    while i < len(lines):
-        start, line = i + 1, lines[i].lstrip(_WS)
-        i += 1
-        if not line or line[0] in "#!":
-            continue
-        while _continues(line):
-            line = line[:-1]
-            if i == len(lines):
-                break  # a continuation at the end of the file continues with nothing
-            line += lines[i].lstrip(_WS)
-            i += 1
-        yield start, line
-
-
-def _split(line: str) -> tuple[str, str]:
-    """Key and (still escaped) value: the key ends at the first unescaped `=`, `:` or
-    whitespace; one separator, with whitespace around it, comes before the value."""
-    i = 0
-    while i < len(line) and line[i] not in "=:" + _WS:
-        i += 2 if line[i] == "\\" else 1
-    key, rest = line[:i], line[i:]
-    separated = rest[:1] in ("=", ":")
-    rest = (rest[1:] if separated else rest).lstrip(_WS)
-    if not separated and rest[:1] in ("=", ":"):
-        rest = rest[1:].lstrip(_WS)
-    return key, rest
-
-
-def _unescape(s: str, path: str, lineno: int) -> str:
-    out, i = [], 0
-    while i < len(s):
-        c = s[i]
-        i += 1
-        if c != "\\":
-            out.append(c)
-        elif i < len(s) and s[i] == "u":
-            digits = s[i + 1:i + 5]
-            if len(digits) < 4 or not all(d in string.hexdigits for d in digits):
-                raise PropertiesError(f"{path}:{lineno}: malformed \\uxxxx escape "
-                                      f"\\u{_shown(digits)}")
-            out.append(chr(int(digits, 16)))
-            i += 5
-        elif i < len(s):
-            out.append(_ESCAPES.get(s[i], s[i]))
-            i += 1
-    try:  # \uXXXX pairs may spell one character beyond the basic plane, as UTF-16 does
-        return "".join(out).encode("utf-16", "surrogatepass").decode("utf-16")
-    except UnicodeDecodeError:
-        raise PropertiesError(f"{path}:{lineno}: a \\uXXXX escape is half of a surrogate "
-                              "pair") from None
-
-
-def parse_json_config(text: str, path: str) -> dict:
-    """A connector configuration as the Connect REST API takes it: {"name": ..., "config":
-    {...}} or the bare config map. Values become the strings a .properties file would hold."""
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise PropertiesError(f"{path}: not valid JSON: {exc}") from None
-    config = data.get("config", data) if isinstance(data, dict) else None
-    if not isinstance(config, dict):
-        raise PropertiesError(f"{path}: a JSON connector configuration is an object (with a "
-                              "\"config\" object)")
-    props = {}
-    if isinstance(data.get("name"), str) and "config" in data:
-        props["name"] = data["name"]
-    for key, value in config.items():
-        if isinstance(value, (dict, list)) or value is None:
-            raise PropertiesError(f"{path}: {_shown(key)} must be a string, not {value!r}")
-        props[key] = value if isinstance(value, str) else json.dumps(value)
-    return props
-
-
-def read_config(path: str, worker: bool = False) -> Config:
-    """Read one file: JSON if it starts with `{`, otherwise .properties (UTF-8; Latin-1, what
-    Java reads, when it is not UTF-8)."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise PropertiesError(f"cannot read {path}: {exc.strerror}") from None
-    if b"\0" in raw:
-        raise PropertiesError(f"{path}: not a text file")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        text = raw.decode("latin-1")
-    props = (parse_json_config(text, path) if text.lstrip().startswith("{")
-             else parse_properties(text, path))
-    if not props:
-        raise PropertiesError(f"{path}: holds no properties")
-    return Config(path, props, worker)
-
-
-# -- which connector a file configures --------------------------------------------------------
-
-_SINK_HINTS = ("topics", "topics.regex", "diode.buffer.size.kb")
-_SOURCE_HINTS = ("kafka.topic.prefix", "missing.records.topic", "diode.bind.address")
-
-
-def role_of(cfg: Config) -> str | None:
-    """SINK or SOURCE from connector.class, else from the properties only one of them takes;
-    None when the file does not say. A connector.class of another connector is an error."""
-    cls = cfg.props.get("connector.class", "").strip()
-    if cls:
-        for role, name in CONNECTOR_CLASS.items():
-            if cls.rpartition(".")[2] == name:
-                return role
-        raise PropertiesError(f"{cfg.path}: connector.class is {_shown(cls)}, not the Data "
-                              "Diode sink or source connector")
-    sink = any(k in cfg.props for k in _SINK_HINTS)
-    source = any(k in cfg.props for k in _SOURCE_HINTS)
-    return SINK if sink and not source else SOURCE if source and not sink else None
-
-
-def assign_roles(files: list, sink: Config | None = None,
-                 source: Config | None = None) -> tuple:
-    """(sink, source) from files given by role and files whose role is read from their
-    content; one file whose content does not say takes the role left over."""
-    given = {SINK: sink, SOURCE: source}
-    for role, cfg in given.items():
-        found = cfg and role_of(cfg)
-        if found and found != role:
-            raise PropertiesError(f"{cfg.path} configures the {found} connector "
-                                  f"(connector.class), but was given as --{role}")
-    unknown = []
-    for cfg in files:
-        role = role_of(cfg)
-        if role is None:
-            unknown.append(cfg)
-        elif given[role] is not None:
-            raise PropertiesError(f"{given[role].path} and {cfg.path} both configure the "
-                                  f"{role} connector")
-        else:
-            given[role] = cfg
-    free = [role for role, cfg in given.items() if cfg is None]
-    if len(unknown) > 1 or (unknown and len(free) != 1):
-        raise PropertiesError(f"cannot tell whether {unknown[0].path} configures the sink or "
-                              "the source connector (no connector.class): give it with --sink "
-                              "or --source")
-    if unknown:
-        given[free[0]] = unknown[0]
-    if given[SINK] is None and given[SOURCE] is None:
-        raise PropertiesError("give the sink connector's file, the source connector's, or both")
-    return given[SINK], given[SOURCE]
 
 
 # -- values both connectors take --------------------------------------------------------------
@@ -257,7 +51,7 @@ def _integer(value: str, lo: int, hi: int) -> int:
     try:
         n = int(value.strip())
     except ValueError:
-        raise ValueError(f"must be an integer, not {_shown(value)}") from None
+        raise ValueError(f"must be an integer, not {shown(value)}") from None
     if not lo <= n <= hi:
         raise ValueError(f"must be between {lo} and {hi}, not {n}")
     return n
@@ -285,7 +79,7 @@ def shared_values(sink: Config | None, source: Config | None) -> dict:
             if key in SECRET_SHARED:
                 raise PropertiesError(f"{key} differs between {pa} and {pb} (values not "
                                       "shown): both sides must use the same")
-            raise PropertiesError(f"{key} is {_shown(a)} in {pa} but {_shown(b)} in {pb}: both "
+            raise PropertiesError(f"{key} is {shown(a)} in {pa} but {shown(b)} in {pb}: both "
                                   "sides must use the same")
         explicit = [(value, where) for value, where, given in seen if given]
         if explicit:
@@ -414,7 +208,7 @@ def _client_setting(side: str, key: str, value: str) -> tuple:
     if key == "auto.offset.reset" and side == "sender":
         position = START_POSITIONS.get(value.strip().lower())
         if position is None:
-            return "skip", (f"{_shown(value)}: a partition with no committed offset starts at "
+            return "skip", (f"{shown(value)}: a partition with no committed offset starts at "
                             "sender.start.position, earliest or latest")
         return "start", position
     if _REFERENCE.search(value):
@@ -461,11 +255,11 @@ class _Draft:
         if held is None or level >= held[0]:
             if held and held[1] != value:
                 self.unmapped.append(Unmapped(held[2], held[3], f"overridden by {prop} "
-                                              f"({_shown(path)})"))
+                                              f"({shown(path)})"))
             self.kafka[key] = (level, value, prop, path)
         elif held[1] != value:
             self.unmapped.append(Unmapped(prop, path, f"overridden by {held[2]} "
-                                          f"({_shown(held[3])})"))
+                                          f"({shown(held[3])})"))
 
 
 def _take_sink(d: _Draft, cfg: Config, key: str, value: str) -> bool:
@@ -479,10 +273,10 @@ def _take_sink(d: _Draft, cfg: Config, key: str, value: str) -> bool:
             kb = _integer(value, 1, 1 << 20)
         except ValueError as exc:
             raise PropertiesError(f"{cfg.path}: {key} {exc}") from None
-        d.values["link.datagram.size.bytes"] = min(kb * 1024, MAX_DATAGRAM)
-        if kb * 1024 > MAX_DATAGRAM:
+        d.values["link.datagram.size.bytes"] = min(kb * 1024, MAX_UDP_PAYLOAD)
+        if kb * 1024 > MAX_UDP_PAYLOAD:
             d.notes.append(f"{key} {kb} is more than one UDP datagram holds: "
-                           f"link.datagram.size.bytes is {MAX_DATAGRAM}, the largest")
+                           f"link.datagram.size.bytes is {MAX_UDP_PAYLOAD}, the largest")
     elif key == "errors.deadletterqueue.topic.name":
         d.values["sender.dead.letter.topic"] = value.strip()
     elif key == "name" and not cfg.worker:
@@ -614,14 +408,14 @@ def _map_link(link: dict, shared: dict, values: dict, sink, source, notes: list)
         link["bind.address"] = bind
     if "link.datagram.size.bytes" in values:
         link["datagram.size.bytes"] = size = values["link.datagram.size.bytes"]
-        if size > MTU_DATAGRAM:
+        if size > ETHERNET_DATAGRAM:
             notes.append(f"link.datagram.size.bytes {size} relies on IP fragmentation, where "
-                         f"one lost fragment loses the whole datagram; {MTU_DATAGRAM} fits an "
+                         f"one lost fragment loses the whole datagram; {ETHERNET_DATAGRAM} fits an "
                          "MTU of 1500 (diode fragments large records itself)")
     elif sink is not None:
         notes.append("diode.buffer.size.kb not given: the connector sent datagrams of up to "
                      "40 KB; diode sends datagrams that fit the path's MTU "
-                     f"(link.datagram.size.bytes: auto, {MTU_DATAGRAM} bytes for an MTU of "
+                     f"(link.datagram.size.bytes: auto, {ETHERNET_DATAGRAM} bytes for an MTU of "
                      "1500)")
     if sink is not None:
         notes.append("the connector sends unpaced; diode paces the sender at link.rate.mbps "
@@ -633,7 +427,7 @@ def _map_compression(shared: dict, unmapped: list) -> str:
     cls, path = shared.get("diode.compression.class", ("NoopCompressor", ""))
     if cls in COMPRESSIONS:
         return COMPRESSIONS[cls]
-    unmapped.append(Unmapped("diode.compression.class", path, f"{_shown(cls)} is not a "
+    unmapped.append(Unmapped("diode.compression.class", path, f"{shown(cls)} is not a "
                              "compressor diode has: compression is none; diode also offers "
                              "gzip, zstd and lz4"))
     return "none"
@@ -643,7 +437,7 @@ def _map_security(shared: dict, password_file: str, unmapped: list, notes: list)
     cls, cls_path = shared.get("diode.encryption.class", ("Aes256CbcEncryptor", ""))
     cipher = CIPHERS.get(cls)
     if cipher is None:
-        unmapped.append(Unmapped("diode.encryption.class", cls_path, f"{_shown(cls)} is not an "
+        unmapped.append(Unmapped("diode.encryption.class", cls_path, f"{shown(cls)} is not an "
                                  "encryptor diode knows: diode encrypts with aes-256-gcm"))
         cipher = "aes-256-gcm"
     if cipher == "none":
@@ -716,205 +510,3 @@ def _map_receiver(d: _Draft, values: dict, source: Config | None, notes: list) -
         if f"receiver.{key}" in values:
             receiver[key] = values[f"receiver.{key}"]
     return receiver
-
-
-# -- the YAML ---------------------------------------------------------------------------------
-
-HEADER = """\
-Generated by `diode import-properties` from the Confluent Data Diode connector's configuration.
-Every key: docs/topology.md. Check it on each side with: diode check FILE --side sender|receiver
-
-The link format differs: the connector encrypts with AES-CBC, without authentication; diode
-seals every datagram with AES-256-GCM, from a key derived the same way (PBKDF2-HMAC-SHA256,
-65 536 rounds, from the same password and salt). Both sides must run diode: a connector and
-diode cannot talk to each other. The password is not in this file: security.password.file names
-the file holding it."""
-
-
-def _shown(value) -> str:
-    """A value fit for a message or a YAML comment: quoted when it is not plain printable text
-    (a newline in a property must not end a comment line)."""
-    text = str(value)
-    return text if text.isprintable() and text.strip() == text and text else repr(text)
-
-
-def _comment(text: str, indent: str = "", hang: str = "") -> list[str]:
-    """`text` as YAML comment lines of at most 100 characters; `hang` indents the lines a
-    paragraph wraps onto."""
-    lines = []
-    for para in text.split("\n"):
-        wrapped = textwrap.wrap(para, 98 - len(indent), subsequent_indent=hang,
-                                break_on_hyphens=False, break_long_words=False) or [""]
-        lines += [f"# {indent}{w}".rstrip() for w in wrapped]
-    return lines
-
-
-def grouped(unmapped) -> list[str]:
-    """One line per reason: the properties (and files) it applies to, in the order met."""
-    by_file: dict = {}
-    for u in unmapped:
-        by_file.setdefault((u.reason, u.path), []).append(_shown(u.key))
-    lines: dict = {}
-    for (reason, path), keys in by_file.items():
-        lines.setdefault((reason, tuple(keys)), []).append(_shown(path))
-    return [f"{', '.join(keys)} ({', '.join(paths)}): {reason}"
-            for (reason, keys), paths in lines.items()]
-
-
-class _Dumper(yaml.SafeDumper):
-    """Lists of plain values on one line, as in the demo topology: `topics: [a, b]`."""
-
-
-_Dumper.add_representer(list, lambda dumper, data: dumper.represent_sequence(
-    "tag:yaml.org,2002:seq", data,
-    flow_style=all(isinstance(x, (str, int, float, bool)) for x in data)))
-
-
-def render_yaml(topology: dict, unmapped=(), notes=(), origins=()) -> str:
-    """The topology as YAML, after a comment block: where it came from, what differs from the
-    connector, the notes and every property not mapped with its reason."""
-    out = _comment(HEADER)
-    if origins:
-        out += ["#"] + _comment("From:") + [line for o in origins for line in _comment(o, "  ")]
-    if notes:
-        out += ["#"] + _comment("Notes:")
-        out += [line for n in notes for line in _comment(f"- {n}", "  ", "  ")]
-    if unmapped:
-        out += ["#"] + _comment(f"Not mapped ({len(unmapped)} properties):")
-        out += [line for g in grouped(unmapped) for line in _comment(f"- {g}", "  ", "  ")]
-    body = [yaml.dump({key: value}, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
-                      allow_unicode=True, width=100) for key, value in topology.items()]
-    compact = [b for b in body if "\n" not in b.rstrip("\n")]  # name:, compression:
-    return "\n".join(out) + "\n" + "".join(compact) + "\n" + "\n".join(
-        b for b in body if b not in compact)
-
-
-# -- the command ------------------------------------------------------------------------------
-
-def password_paths(output: str | None, option: str | None) -> tuple[Path, str]:
-    """(where to write the password file, how the topology names it). The topology names it
-    relative to its own directory (the output's, or this one when it goes to stdout)."""
-    base = Path(output).resolve().parent if output else Path.cwd()
-    if option is None:
-        return base / DEFAULT_PASSWORD_FILE, DEFAULT_PASSWORD_FILE
-    path = Path(option)
-    if path.is_absolute():
-        return path, option
-    return path, os.path.relpath(path.resolve(), base)
-
-
-def write_secret(path: Path, secret: str, force: bool) -> str:
-    """Write `secret` to `path` with mode 0600 (through a new file, so never a moment with
-    looser permissions); returns "written" or "unchanged". A file holding something else is
-    replaced only with `force`."""
-    if path.exists():
-        try:
-            held = path.read_bytes().rstrip(b"\r\n")
-        except OSError as exc:
-            raise PropertiesError(f"cannot read {path}: {exc.strerror}") from None
-        if held == secret.encode():
-            return "unchanged"
-        if not force:
-            raise PropertiesError(f"{path} exists and holds another password: give --force to "
-                                  "replace it, or --password-file another path")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        files.replace(path, secret + "\n", sync=False, mode=0o600)
-    except OSError as exc:
-        raise PropertiesError(f"cannot write the password file {path}: {exc.strerror}") from None
-    return "written"
-
-
-def _wrap(text: str, hang: str) -> str:
-    return "\n".join(textwrap.wrap(text, 100, subsequent_indent=hang, break_on_hyphens=False,
-                                   break_long_words=False))
-
-
-def run(args, stdout=None, stderr=None) -> int:
-    """Read, map, validate, write the password file, print; PropertiesError on bad input."""
-    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
-    from diode.runtime import topology as topo
-    from diode.errors import TopologyError
-
-    def read(path, worker=False):
-        return read_config(path, worker) if path else None
-
-    if len(args.files) > 2:
-        raise PropertiesError("give at most two files: the sink connector's and the source's")
-    sink, source = assign_roles([read(p) for p in args.files], read(args.sink),
-                                read(args.source))
-    if args.output and Path(args.output).exists() and not args.force:
-        raise PropertiesError(f"{args.output} exists: give --force to replace it")
-    secret_path, secret_ref = password_paths(args.output, args.password_file)
-    t, unmapped, notes = to_topology(
-        sink, source, sink_worker=read(args.sink_worker, True),
-        source_worker=read(args.source_worker, True), password_file=secret_ref, name=args.name)
-    try:
-        topo.from_dict(t, args.output or "<stdout>")
-    except TopologyError as exc:
-        raise PropertiesError(f"the topology made is not valid:\n{exc}") from None
-    origins = [f"{role} connector ({side}, diode's {SIDE_OF[role]}): {cfg.path}"
-               for role, side, cfg in ((SINK, "high side", sink), (SOURCE, "low side", source))
-               if cfg is not None]
-    text = render_yaml(t, unmapped, notes, origins)
-
-    secret = password(sink, source)
-    if secret is not None:
-        done = write_secret(secret_path, secret, args.force)
-        where = ("" if args.output or os.path.isabs(secret_ref) else
-                 " (the topology names it relative to its own directory: keep the topology in "
-                 "this one)")
-        print(f"password: {'written to' if done == 'written' else 'already in'} {secret_path} "
-              f"(mode 0600), named by security.password.file{where}", file=stderr)
-    elif t["security"].get("password.file"):
-        print(f"password: not written; put it in {secret_path} (mode 0600)", file=stderr)
-    if args.output:
-        try:
-            files.replace(args.output, text, sync=False, mode=0o644)
-        except OSError as exc:
-            raise PropertiesError(f"cannot write {args.output}: {exc.strerror}") from None
-        print(f"topology: written to {args.output}", file=stderr)
-    else:
-        stdout.write(text)
-    for n in notes:
-        print(_wrap(f"note: {n}", "  "), file=stderr)
-    if unmapped:
-        print(f"not mapped ({len(unmapped)} properties; listed at the top of the topology too):",
-              file=stderr)
-        for g in grouped(unmapped):
-            print(_wrap(f"  {g}", "    "), file=stderr)
-    return 0
-
-
-def main(args) -> int:
-    """`diode import-properties`: exit 0, or 2 with the reason on bad input."""
-    try:
-        return run(args)
-    except PropertiesError as exc:
-        print(f"diode import-properties: {exc}", file=sys.stderr)
-        return 2
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "import-properties", help="make a topology from the Confluent Data Diode connector's "
-        "sink and/or source .properties (stdout); lists what cannot be mapped",
-        description="Map the Confluent Data Diode connector's configuration to a diode "
-        "topology. The sink connector (high side) becomes the sender, the source connector "
-        "(low side) the receiver. Positional files are told apart by connector.class.")
-    p.add_argument("files", nargs="*", metavar="FILE",
-                   help="the sink's and/or the source's .properties (or Connect REST JSON)")
-    p.add_argument("--sink", metavar="FILE", help="the sink connector's configuration")
-    p.add_argument("--source", metavar="FILE", help="the source connector's configuration")
-    p.add_argument("--sink-worker", metavar="FILE", help="the high side's Connect worker "
-                   "properties: bootstrap.servers and consumer.* settings")
-    p.add_argument("--source-worker", metavar="FILE", help="the low side's Connect worker "
-                   "properties: bootstrap.servers and producer.* settings")
-    p.add_argument("-o", "--output", metavar="FILE", help="write the topology here instead of "
-                   "stdout")
-    p.add_argument("--password-file", metavar="PATH", help="where to write the password "
-                   f"(mode 0600); default {DEFAULT_PASSWORD_FILE} beside the output, or here")
-    p.add_argument("--force", action="store_true", help="replace an existing password file "
-                   "holding another password, or an existing --output")
-    p.add_argument("--name", default="diode", help="the topology's name (default diode)")
-    p.set_defaults(func=main)
