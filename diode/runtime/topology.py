@@ -334,8 +334,6 @@ class SenderSettings:
         [], "Consumer groups (regular expressions, matched against the whole id) whose "
         "committed offsets on the source are sent across, for the receiver to translate and "
         "commit on the destination (receiver.sync.group.offsets).", regexes)
-    # Not a setting: the ranges `diode resend` sends again, {(topic, partition): [[a, b], ...]}.
-    resend: dict | None = None
     stages: dict = setting({}, "Processes per stage type: kafka_reader, packer, udp_sender "
                            "(exactly 1). Each maps to instances and cpus.",
                            example={"packer": {"instances": 2, "cpus": [1]}})
