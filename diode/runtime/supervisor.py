@@ -143,7 +143,7 @@ class Supervisor:
                  stages: dict | None = None):
         """`stages`: stage type -> the Stage class that runs its workers, where it is not
         stages.<type>.Stage (`diode resend` runs kafka_reader's as stages.kafka_resender)."""
-        self.t = topology
+        self.t = topo.for_this_host(topology)  # (the datagram size and bind address, if auto)
         self.sides = tuple(s for s in SIDES if s in sides)
         self.stages = {stage: (stages or {}).get(stage) or worker.stage_class(stage)
                        for side in self.sides for stage in PIPELINES[side]}

@@ -3,7 +3,10 @@ and its reference, docs/topology.md (`diode docs`).
 
 What each setting is (its key, default, documentation and validator) is the settings registry,
 diode.runtime.settings; its names are importable from here too, as they always were
-(`from diode.runtime.topology import Topology, SIDES, ...`).
+(`from diode.runtime.topology import Topology, SIDES, ...`). Loading is pure: it reads the file
+and nothing of the network. What `auto` settings become on this host (the datagram size from
+the path's MTU, the receiver's bind address) is asked where a launch, a check or a measure needs
+it (`for_this_host`).
 """
 
 import dataclasses
@@ -29,7 +32,7 @@ __all__ = ["FILE_KAFKA_KEYS", "METADATA_CONFIGS", "PIPELINES", "REFERENCE", "SEC
            "SECTIONS", "SIDES", "SINGLE_INSTANCE", "BrokerSettings", "LinkSettings",
            "ReceiverSettings", "SecuritySettings", "SenderSettings", "StageSettings",
            "SupervisorSettings", "Topology", "kafka_value_problems", "settings_of", "yaml_key",
-           "load", "from_dict", "yaml_problem", "reference_markdown"]
+           "load", "from_dict", "yaml_problem", "for_this_host", "reference_markdown"]
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -151,12 +154,29 @@ def from_dict(data, path="<memory>", cpu_count: int | None = None) -> Topology:
         raw_brokers = []
     for i, b in enumerate(raw_brokers):
         brokers.append(_build(BrokerSettings, b, f"brokers[{i}]", problems))
-    sections["link"] = _bind_address(_datagram_size(sections["link"]))
     topo = dataclasses.replace(base, brokers=brokers, path=path, **sections)
     problems += _cross_checks(topo)
     if problems:
         raise TopologyError(path, problems)
     return topo
+
+
+# -- on this host ------------------------------------------------------------------------------
+
+def for_this_host(t: Topology) -> Topology:
+    """`t` with its `auto` settings made what they are on this host, each with a note of how:
+    link.datagram.size.bytes from the MTU of the path toward link.host (diode.link.path),
+    link.bind.address from this host's addresses (diode.link.admission). It asks the kernel
+    (sockets; nothing is sent), so it is done where a launch, a check or a measure needs them,
+    never by `load`. Raises TopologyError when what `auto` chose is refused."""
+    link = _bind_address(_datagram_size(t.link))
+    if link == t.link:
+        return t
+    t = dataclasses.replace(t, link=link)
+    problems = _link_checks(t)
+    if problems:
+        raise TopologyError(t.path, problems)
+    return t
 
 
 def _datagram_size(link: LinkSettings) -> LinkSettings:
