@@ -18,7 +18,7 @@ def cmd_check(args) -> int:
     need (diode.runtime.preflight): problems exit 2, warnings are printed and exit 0; then the
     plan of those sides."""
     from diode.runtime import preflight, statedir
-    t = topo.load(args.file)
+    t = topo.for_this_host(topo.load(args.file))
     sides = topo.SIDES if args.side == "both" else (args.side,)
     found = preflight.check(t, sides, args.timeout, args.verbose)
     fragmented = link_path.fragmentation(t.link) if "sender" in sides else None

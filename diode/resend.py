@@ -150,7 +150,7 @@ def spans(entries: list[Entry], starts: dict) -> tuple[list[Span], list[str]]:
 
 def to_send(found: list[Span]) -> dict:
     """{(topic, partition): [[first, last], ...]}: what the sender's readers send
-    (sender.resend), the expired offsets left out."""
+    (stages.kafka_resender), the expired offsets left out."""
     out: dict = {}
     for s in found:
         if s.send is not None:
@@ -332,12 +332,14 @@ def cmd_resend(args) -> int:
         print("nothing to resend", file=sys.stderr)
         return 1 if expired else 0
     from diode.runtime.supervisor import Supervisor
+    from stages import kafka_resender
     # its own processes and run directory beside a running sender, whose exporter holds
     # sender.metrics.listen: none here; its brokers already run
-    t = dataclasses.replace(t, sender=dataclasses.replace(t.sender, resend=ranges,
-                                                          metrics_listen=""),
+    t = dataclasses.replace(t, sender=dataclasses.replace(t.sender, metrics_listen=""),
                             brokers=[], supervisor=dataclasses.replace(t.supervisor, run_dir=""))
-    code = Supervisor(t, ("sender",), args.run_dir).run()
+    # the sender's pipeline, its readers reading the ranges (and finishing: then it drains)
+    code = Supervisor(t, ("sender",), args.run_dir, stages={
+        "kafka_reader": kafka_resender.Stage.for_ranges(ranges)}).run()
     return code or (1 if refused or expired else 0)
 
 

@@ -21,6 +21,9 @@ the old one's chains stood and where its source ended (a retired claim, so the r
 what never crossed as "source-reset"), and reads the new one from its first record. A partition
 whose position the source no longer holds (retention deleted records before they were read, or
 the log was truncated) is looked at the same way, then read from its start in a new chain.
+
+`diode resend` runs stages.kafka_resender in this stage's place: this reader, reading a
+manifest's ranges outside any chain, committing nothing, and finishing when they are sent.
 """
 
 import os
@@ -32,32 +35,30 @@ from operator import itemgetter
 
 from confluent_kafka import (OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException,
                              Message, TopicPartition)
-from confluent_kafka.admin import AdminClient
 
-from diode.accounting.digests import (Digest, Digester, message_hashes, new_range,
-                                      record_hash)
+from diode.accounting.digests import Digester, message_hashes
 from diode.link import runs
 from diode.runtime import transport
 from diode.kafka import identity, lineage
-from diode.kafka.clients import admin_config, consumer_config, replicated
+from diode.kafka.clients import consumer_config, replicated
 from diode.kafka.metadata import MetadataWatcher, Sent
-from diode.kafka.refresh import PartitionWatcher, topic_ids
+from diode.kafka.refresh import PartitionWatcher
 from diode.kafka.offsets import SentTracker
-from diode.link.records import RESEND, partition_owner
 from diode.runtime.worker import Stage as BaseStage
 
 BATCH_RECORDS = 1000
 MAX_DIGESTS_WAITING = 10000  # digests closed while the packers took nothing (then the oldest go)
 REFRESH_TAKE_SECONDS = 0.1  # how often the loop takes what the partition watcher found
-RESEND_SEEK_GAP = 10000  # offsets between two resend ranges worth a seek rather than a read
-# A clean stop says so: after its last records, the reader sends this many heartbeats marked
-# stopping (wire.FLAG_STOPPING), this far apart (UDP may drop one), so the receiver logs that
-# the sender stopped instead of warning of a silent link.
-STOPPING_BEATS = 3
 STOPPING_BEAT_SECONDS = 0.1
 
 
 class Stage(BaseStage):
+    # A clean stop says so: after its last records, the reader sends this many heartbeats
+    # marked stopping (wire.FLAG_STOPPING), STOPPING_BEAT_SECONDS apart (UDP may drop one), so
+    # the receiver logs that the sender stopped instead of warning of a silent link.
+    STOPPING_BEATS = 3
+    PARTITION_EOF = False  # whether the consumer reports the end of each partition it reaches
+
     def open(self):
         s = self.t.sender
         # sender.schemas: the registry's topic is one more named topic (never a dead-letter
@@ -65,7 +66,7 @@ class Stage(BaseStage):
         self.schemas_topic = s.schemas_topic if s.schemas else None
         self.selector = replicated(s, self.ctx.spec.index, self.ctx.instances("kafka_reader"))
         self.consumer = Consumer({**consumer_config(self.t), "on_commit": self._committed,
-                                  "enable.partition.eof": s.resend is not None})
+                                  "enable.partition.eof": self.PARTITION_EOF})
         self.acks = transport.pull(self.ctx.zmq, self.ctx.bound("acks"), self.ctx.hwm * 16)
         self.out = self.outbox(transport.push(self.ctx.zmq, self.ctx.peers("out"),
                                               self.ctx.hwm))
@@ -78,57 +79,48 @@ class Stage(BaseStage):
         self.last_read: dict = {}
         self.next_heartbeat = 0.0
         self.stopping_beats = None  # stopping: the heartbeats marked stopping sent so far
-        # `diode resend`: exactly these ranges of this reader's partitions, no commits
-        self.resend = None
-        self.resend_pos: dict = {}  # (topic, partition) -> last offset looked at
-        if s.resend is not None:
-            self.resend = {tp: deque(sorted(ranges)) for tp, ranges in s.resend.items()
-                           if self.selector.index == partition_owner(*tp, self.selector.readers)}
         self.counts: dict = {}            # topic -> partition count
         # The incarnations of the sources read (diode.kafka.lineage), and what a reader before
         # this restart knew of them.
         self.lineage = lineage.Lineage()
-        self.memory = lineage.memory_path(self.ctx.run_dir, self.selector.index)
-        remembered = self._remember() if self.resend is None else {}
         self.out_of_range: dict = {}      # (topic, partition) whose position the source lost
         #                                   -> when that was seen
         self.epoch = int.from_bytes(os.urandom(3), "big") << 32
         self.seq = 0
         self.next_refresh = 0.0
-        # topics, partitions and identities looked for off this loop (diode.kafka.refresh)
-        self.watcher = None if self.resend is not None else PartitionWatcher(
-            consumer_config(self.t), self.selector.owned, s.refresh_topics_interval_seconds,
-            s.identity_check_interval_ms / 1000, remembered,
-            s.source_state_interval_ms / 1000).start()
-        if self.resend is not None:
-            self._resend_identities()
-        # reader 0 sends the source's metadata (diode.kafka.metadata); none for a resend
-        self.metadata = None
-        if self.selector.index == 0 and self.resend is None:
-            self.metadata = MetadataWatcher(
-                consumer_config(self.t), self.selector.matches, s.metadata_topic_configs,
-                [re.compile(p) for p in s.groups], s.refresh_topics_interval_seconds).start()
         self.meta_sent = Sent()
-        self.look = None  # the watcher's latest look
+        self.look = None  # the metadata watcher's latest look
         self.next_whole = 0.0  # when everything is sent next
-        # the digests of the ranges read (diode.accounting.digests); none for a resend
-        self.digester = Digester(s.digest_records, s.digest_interval_ms / 1000) \
-            if s.digest_records and self.resend is None else None
         self.digests: deque = deque(maxlen=MAX_DIGESTS_WAITING)  # closed, not yet handed on
-        # a resend's ranges: (topic, partition) -> [the range, records read, their hasher]
-        self.resend_sums: dict = {}
-        self.resend_tainted = False
+        self.watcher = self.metadata = self.digester = None
+        self._watch_source()
         self.next_commit = time.monotonic() + s.offset_commit_interval_ms / 1000
         self.waiting_since = None         # when acknowledgements were last outstanding and new
         self.stop_deadline = None
+
+    def _watch_source(self) -> None:
+        """Look at the source off this loop: its topics, partitions and identities (the
+        watcher, diode.kafka.refresh), for reader 0 its metadata (diode.kafka.metadata); and
+        keep the digests of what is read (diode.accounting.digests)."""
+        s = self.t.sender
+        self.memory = lineage.memory_path(self.ctx.run_dir, self.selector.index)
+        remembered = self._remember()
+        self.watcher = PartitionWatcher(
+            consumer_config(self.t), self.selector.owned, s.refresh_topics_interval_seconds,
+            s.identity_check_interval_ms / 1000, remembered,
+            s.source_state_interval_ms / 1000).start()
+        if self.selector.index == 0:
+            self.metadata = MetadataWatcher(
+                consumer_config(self.t), self.selector.matches, s.metadata_topic_configs,
+                [re.compile(p) for p in s.groups], s.refresh_topics_interval_seconds).start()
+        if s.digest_records:
+            self.digester = Digester(s.digest_records, s.digest_interval_ms / 1000)
 
     # -- partitions --------------------------------------------------------------------------
 
     def _refresh(self):
         """Start reading the partitions the watcher found (it asks the cluster off this loop,
         every refresh.topics.interval.seconds)."""
-        if self.resend is not None:
-            return self._assign_resend()
         start = OFFSET_BEGINNING if self.t.sender.start_position == "earliest" else OFFSET_END
         tps = []
         for found in self.watcher.take():
@@ -302,74 +294,6 @@ class Stage(BaseStage):
             self.log.warning("cannot record what a restart needs to know in %s: %s",
                              self.memory, exc)
 
-    def _resend_identities(self) -> None:
-        """`diode resend`: the incarnation of each topic of the manifest, asked once."""
-        topics = sorted({t for t, _ in self.resend})
-        try:
-            ids = topic_ids(AdminClient(admin_config(consumer_config(self.t))), topics)
-        except KafkaException as exc:
-            self.log.error("cannot read the source topics' ids (%s): resent records carry no "
-                           "incarnation", exc)
-            return
-        self.lineage.incarnations = {t: inc for t, inc in ids.items()
-                                     if inc != identity.NO_INCARNATION}
-
-    def _assign_resend(self):
-        """Assign each partition of the manifest at the start of its first range (once)."""
-        tps = [TopicPartition(t, p, ranges[0][0]) for (t, p), ranges in self.resend.items()
-               if (t, p) not in self.assigned and ranges]
-        if not tps:
-            return
-        for tp in tps:
-            self.assigned[(tp.topic, tp.partition)] = tp.offset
-        self.consumer.assign(tps)
-        self.log.info("resending %d range(s) of %d partition(s)",
-                      sum(map(len, self.resend.values())), len(tps))
-
-    def _resend_filter(self, m) -> bool:
-        """Whether a record read in resend mode is in a range of its partition. Records come in
-        offset order; far gaps between ranges are skipped with a seek, and what a seek delivers
-        twice (messages fetched before it) is recognised by offset."""
-        tp, offset = (m.topic(), m.partition()), m.offset()
-        if offset <= self.resend_pos.get(tp, -1):
-            return False
-        self.resend_pos[tp] = offset
-        ranges = self.resend.get(tp)
-        while ranges and offset > ranges[0][1]:
-            self._resend_range_read(tp, ranges.popleft())
-        if not ranges:
-            self._resend_done(tp)
-            return False
-        if offset < ranges[0][0]:
-            if ranges[0][0] - offset > RESEND_SEEK_GAP:
-                self.consumer.seek(TopicPartition(tp[0], tp[1], ranges[0][0]))
-            return False
-        rng = ranges[0]
-        acc = self.resend_sums.get(tp)
-        if acc is None or acc[0] is not rng:
-            acc = self.resend_sums[tp] = [rng, 0, new_range()]
-        acc[1] += 1
-        acc[2].update(record_hash(m.key(), m.value(), m.headers(), m.timestamp()[1]))
-        return True
-
-    def _resend_range_read(self, tp, rng) -> None:
-        """A range of the manifest read through: its digest says how many records the source
-        holds in it (on a compacted topic, fewer than its offsets), so that the receiver knows
-        when its ticket is filled. None after a rewind (its count would be short)."""
-        acc = self.resend_sums.pop(tp, None)
-        if self.resend_tainted:
-            return
-        count, hasher = (acc[1], acc[2]) if acc is not None and acc[0] is rng else \
-            (0, new_range())
-        self.digests.append(Digest(tp[0], tp[1], self.lineage.incarnation(tp[0]), rng[0],
-                                   rng[1], count, hasher.digest()))
-
-    def _resend_done(self, tp) -> None:
-        if self.resend.get(tp) is not None and tp in self.assigned:
-            self.resend[tp] = deque()
-            self.consumer.incremental_unassign([TopicPartition(*tp)])
-            del self.assigned[tp]
-
     def rewind(self):
         """Read again everything after the committed positions."""
         positions = self.tracker.positions()
@@ -380,8 +304,6 @@ class Stage(BaseStage):
         self.last_read.clear()
         if self.digester is not None:
             self.digester.forget()
-        self.resend_tainted = self.resend is not None  # (ranges read again from mid-way)
-        self.resend_sums.clear()
         self.epoch += 1 << 32  # acknowledgements of earlier messages are ignored from now
         self.out.clear()
         tps = [TopicPartition(t, p, positions.get((t, p), start))
@@ -400,12 +322,21 @@ class Stage(BaseStage):
         self._take_acks()
         if self.stopping:
             return self._drain_step(now)
-        if self.resend is None and now >= self.next_heartbeat:
+        if now >= self.next_heartbeat:
             # (before reading: the first heartbeat goes before any record, so a receiver that
             # hears it accounts every chain of this reader from its start: see
             # diode.accounting.ordering)
             self._heartbeat()
             self.next_heartbeat = now + self.t.sender.heartbeat_interval_ms / 1000
+        self._read_step(now)
+        if now >= self.next_commit:
+            self._commit()
+            self.next_commit = now + self.t.sender.offset_commit_interval_ms / 1000
+        return True
+
+    def _read_step(self, now: float) -> None:
+        """Take what the watchers found; read, unless the packers or the records in flight
+        are full (then wait a moment for acknowledgements); rewind if they stopped coming."""
         if now >= self.next_refresh:
             self._refresh()
             if self.metadata is not None:
@@ -417,24 +348,9 @@ class Stage(BaseStage):
         else:
             self.acks.poll(20)
         self._check_stalled(now)
-        if self.resend is not None:  # no chain, no commit: done when every range is sent
-            if self.digests and not self.out.full:
-                self._hand_digests(resend=True)
-            if not any(self.resend.values()) and not self.tracker.inflight and \
-                    not len(self.out) and not self.digests:
-                self.log.info("resend complete")
-                return False
-            return True
-        if now >= self.next_commit:
-            self._commit()
-            self.next_commit = now + self.t.sender.offset_commit_interval_ms / 1000
-        return True
 
     def _read(self):
-        msgs = self.consumer.consume(BATCH_RECORDS, timeout=0.05)
-        resend = self.resend is not None
-        if resend or any(map(Message.error, msgs)):  # (the common case skips this pass)
-            msgs = [m for m in msgs if self._to_send(m)]
+        msgs = self._records(self.consumer.consume(BATCH_RECORDS, timeout=0.05))
         # grouped by partition without a Python frame per message
         groups: dict = {}  # (topic, partition) -> its messages, in offset order
         where = zip(map(Message.topic, msgs), map(Message.partition, msgs))
@@ -446,13 +362,10 @@ class Stage(BaseStage):
         for (topic, partition), group in groups.items():
             tp = (topic, partition)
             count = max(self.counts.get(topic, 0), partition + 1)
-            prev = RESEND if resend else self.last_read.get(tp, -1)
+            first, last = group[0].offset(), group[-1].offset()
+            prev = self._chain(tp, first, last)
             frames.append(runs.from_messages(topic, partition, count, prev, group,
                                              self.lineage.incarnation(topic)))
-            first, last = group[0].offset(), group[-1].offset()
-            if not resend:
-                self.last_read[tp] = last
-                self.chain_start.setdefault(tp, first)
             parts.append((tp, last, len(group)))
             counts.append(len(group))
             if self.digester is not None:
@@ -467,18 +380,26 @@ class Stage(BaseStage):
         if self.waiting_since is None:
             self.waiting_since = time.monotonic()
 
+    def _records(self, msgs: list) -> list:
+        """The records to send of what one consume call returned."""
+        if any(map(Message.error, msgs)):  # (the common case skips this pass)
+            return [m for m in msgs if self._to_send(m)]
+        return msgs
+
+    def _chain(self, tp, first: int, last: int) -> int:
+        """Records first..last of `tp`, read now, join its chain (diode.accounting.ordering):
+        the offset before them in the chain (-1: they start one)."""
+        prev = self.last_read.get(tp, -1)
+        self.last_read[tp] = last
+        self.chain_start.setdefault(tp, first)
+        return prev
+
     def _to_send(self, m) -> bool:
-        """Whether a consumed message is a record to send: errors and ends of partitions are
-        dealt with here, and a resend keeps only its ranges."""
+        """Whether a consumed message is a record to send: errors are dealt with here."""
         err = m.error()
         if err is None:
-            return self.resend is None or self._resend_filter(m)
-        if err.code() == KafkaError._AUTO_OFFSET_RESET and self.resend is not None:
-            tp = (m.topic(), m.partition())
-            self.log.error("%s[%d]: the source no longer holds the offsets to resend (%s); "
-                           "skipping the partition", tp[0], tp[1], err.str())
-            self._resend_done(tp)
-        elif err.code() == KafkaError._AUTO_OFFSET_RESET:
+            return True
+        if err.code() == KafkaError._AUTO_OFFSET_RESET:
             # The source no longer holds this partition's position (auto.offset.reset is
             # "error"): recreated, or records deleted before they were read. The watcher looks
             # now; the loop decides when it has (_renew_out_of_range).
@@ -486,17 +407,6 @@ class Stage(BaseStage):
             if tp in self.assigned and tp not in self.out_of_range:
                 self.out_of_range[tp] = time.monotonic()
                 self.watcher.wake()
-        elif err.code() == KafkaError._PARTITION_EOF:
-            tp = (m.topic(), m.partition())
-            ranges = (self.resend or {}).get(tp)
-            # The log ends before the range we wait for, or after the last range (whose
-            # records came before this end): nothing more will come. (An end of partition seen
-            # by a fetch from before a seek is no reason to stop.)
-            if ranges and (m.offset() <= ranges[0][0] or m.offset() > ranges[-1][1]):
-                if m.offset() > ranges[-1][1]:  # every range was read through
-                    while ranges:
-                        self._resend_range_read(tp, ranges.popleft())
-                self._resend_done(tp)
         else:
             self.log.warning("source cluster: %s", err)
             self.metrics.inc("errors", reason="consume")
@@ -604,8 +514,6 @@ class Stage(BaseStage):
             self.rewind()
 
     def _commit(self, sync=False):
-        if self.resend is not None:
-            return  # a resend leaves the consumer group's offsets alone
         changed = self.tracker.take_changed()
         changed.update(self._consumed_past_last_record())
         if not changed:
@@ -667,15 +575,15 @@ class Stage(BaseStage):
             self._commit(sync=True)
             self.stopping_beats, self.next_heartbeat = 0, now
             self.stop_deadline = max(self.stop_deadline, now + 1.0)
-        if now >= self.stop_deadline or self.resend is not None:
+        if now >= self.stop_deadline or not self.STOPPING_BEATS:
             return False
         if now < self.next_heartbeat or not flushed:
             time.sleep(0.01)  # (the last one too has a moment to reach its packer)
             return True
-        if self.stopping_beats < STOPPING_BEATS and self._heartbeat(stopping=True):
+        if self.stopping_beats < self.STOPPING_BEATS and self._heartbeat(stopping=True):
             self.stopping_beats += 1
             self.next_heartbeat = now + STOPPING_BEAT_SECONDS
-        return self.stopping_beats < STOPPING_BEATS or now < self.next_heartbeat
+        return self.stopping_beats < self.STOPPING_BEATS or now < self.next_heartbeat
 
     def close(self):
         if self.watcher is not None:

@@ -128,9 +128,14 @@ def _master_key(t: Topology, which: tuple) -> bytes | None:
 
 
 class Supervisor:
-    def __init__(self, topology: Topology, sides=SIDES, run_dir: str | None = None):
-        self.t = topology
+    def __init__(self, topology: Topology, sides=SIDES, run_dir: str | None = None,
+                 stages: dict | None = None):
+        """`stages`: stage type -> the Stage class that runs its workers, where it is not
+        stages.<type>.Stage (`diode resend` runs kafka_reader's as stages.kafka_resender)."""
+        self.t = topo.for_this_host(topology)  # (the datagram size and bind address, if auto)
         self.sides = tuple(s for s in SIDES if s in sides)
+        self.stages = {stage: (stages or {}).get(stage) or worker.stage_class(stage)
+                       for side in self.sides for stage in PIPELINES[side]}
         self.cfg = topology.supervisor
         self._own_run_dir = not (run_dir or self.cfg.run_dir)
         self.run_dir = run_dir or self.cfg.run_dir or tempfile.mkdtemp(prefix="diode-")
@@ -189,7 +194,7 @@ class Supervisor:
                 statedir.claim(self.t, self.t.resolve(r.journal_dir), r.reset_state, log)
             embedded.start_all(self.brokers)
             for stage in dict.fromkeys(w.spec.stage for w in self.workers):
-                self.inherited[stage] = worker.stage_class(stage).prepare(self.t, log)
+                self.inherited[stage] = self.stages[stage].prepare(self.t, log)
             launches.write_status(self.run_dir, self.status())
             for side in self.sides:
                 self._start_exporter(side)
@@ -236,10 +241,11 @@ class Supervisor:
                 if w.state in (State.BACKOFF, State.EXITED) and w.restart_at is not None \
                         and now >= w.restart_at:
                     self._spawn(w)  # BACKOFF -> STARTING, EXITED -> STARTING
-            if self.t.sender.resend is not None and all(
-                    w.state is State.EXITED and w.restart_at is None for w in self.workers
-                    if w.spec.stage == "kafka_reader"):
-                log.info("resend finished: draining")
+            finishing = [w for w in self.workers if self.stages[w.spec.stage].FINISHES]
+            if finishing and all(w.state is State.EXITED and w.restart_at is None
+                                 for w in finishing):
+                log.info("%s finished: draining",
+                         self.stages[finishing[0].spec.stage].FINISHES)
                 return 0
             for b in self.brokers:
                 if not b.alive():
@@ -343,7 +349,8 @@ class Supervisor:
         pid = os.fork()
         if pid == 0:
             worker.run(w.spec, self.t, self.run_dir, self.keys, self.heartbeats, w.slot,
-                       parent, self.inherited, w.starts)  # never returns
+                       parent, self.inherited, w.starts,
+                       self.stages[w.spec.stage])  # never returns
         w.pid = pid
         w.to(State.STARTING, f"pid {pid}")  # STOPPED, BACKOFF or EXITED -> STARTING
 
@@ -373,10 +380,10 @@ class Supervisor:
             w.to(State.STOPPED, f"exit {code}")  # STOPPING -> STOPPED
             return
         self._notice_opened()  # it may have opened since last looked at, and exited since
-        if code == 0 and self.t.sender.resend is not None and w.spec.stage == "kafka_reader" \
-                and w.state is State.RUNNING:
+        if code == 0 and self.stages[w.spec.stage].FINISHES and w.state is State.RUNNING:
             w.restart_at = None
-            w.to(State.EXITED, "resend finished")  # RUNNING -> EXITED: its work is done
+            # RUNNING -> EXITED: its work is done
+            w.to(State.EXITED, f"{self.stages[w.spec.stage].FINISHES} finished")
             return
         how = w.killed_for or (f"killed by {signal.Signals(-code).name}" if code < 0 else
                                f"exit code {code}")

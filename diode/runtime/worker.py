@@ -151,6 +151,10 @@ class Stage:
     # Stages stop in data-flow order, so once a stopping stage's input has been quiet this
     # long, nothing more is coming.
     QUIET_SECONDS = 0.3
+    # The work of a stage whose work ends, for the log ("resend": stages.kafka_resender); empty
+    # for the others. Its `step()` returns False once done and the worker exits 0; the supervisor
+    # does not restart it, and drains the launch once every worker of the stage is done.
+    FINISHES = ""
 
     def __init__(self, ctx: StageContext):
         self.ctx = ctx
@@ -243,6 +247,7 @@ class Heartbeats:
 
 
 def stage_class(stage_type: str):
+    """The class that runs a stage type of the topology: stages.<type>.Stage."""
     return importlib.import_module(f"stages.{stage_type}").Stage
 
 
@@ -256,10 +261,11 @@ def _die_with_parent() -> None:
 
 def run(spec: WorkerSpec, topology: Topology, run_dir: str, keys: KeySlot,
         heartbeats: Heartbeats, slot: int, parent_pid: int, inherited: dict,
-        incarnation: int = 1) -> None:
+        incarnation: int = 1, cls: type | None = None) -> None:
     """Child process entry point. Never returns. `inherited`: per stage type, what its
     `prepare` made; this worker keeps its own stage's and closes the rest. `keys`: where the
-    supervisor puts its keys, read at start and again on SIGHUP."""
+    supervisor puts its keys, read at start and again on SIGHUP. `cls`: the Stage class to
+    run (default: stage_class(spec.stage))."""
     code = 1
     try:
         mine = {}
@@ -270,7 +276,7 @@ def run(spec: WorkerSpec, topology: Topology, run_dir: str, keys: KeySlot,
                 else:
                     resource.close()
         code = _run(spec, topology, run_dir, keys, heartbeats, slot, parent_pid, mine,
-                    incarnation)
+                    incarnation, cls or stage_class(spec.stage))
     except BaseException as exc:
         known = isinstance(exc, DiodeError)  # a condition we explain, not a bug: no traceback
         # (a traceback for anything else)
@@ -313,7 +319,7 @@ def start_failure(run_dir: str, spec: WorkerSpec) -> str:
 
 
 def _run(spec, topology, run_dir, keys, heartbeats, slot, parent_pid, inherited,
-         incarnation) -> int:
+         incarnation, cls) -> int:
     flags = {"stop": False, "rewind": False, "reload": False}
 
     def on_stop(signum, frame):
@@ -349,7 +355,7 @@ def _run(spec, topology, run_dir, keys, heartbeats, slot, parent_pid, inherited,
     ctx = zmq.Context()
     context = StageContext(topology, spec, run_dir, keys.read(), ctx, metrics, incarnation,
                            inherited)
-    stage = stage_class(spec.stage)(context)
+    stage = cls(context)
     proc = psutil.Process()
     try:
         stage.open()  # on failure the process exits: what it opened goes with it

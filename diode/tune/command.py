@@ -230,7 +230,7 @@ def main(args) -> int:
         raise DiodeError("diode tune: give the topology (or --live for a running launch)")
     if args.rate is None:
         raise DiodeError("diode tune: --rate is required (records/s, or Mbit/s as 50mbps)")
-    t = topo.load(args.topology)
+    t = topo.for_this_host(topo.load(args.topology))
     text = Path(args.topology).read_text()
     raw = yaml.safe_load(text)
     say = (lambda m: print(f"diode tune: {m}", file=sys.stderr, flush=True)) if args.json \

@@ -17,7 +17,9 @@ from tests.conftest import ROOT, posing_as_launch, write_topology
 
 
 def load(tmp_path, **overrides):
-    return topology.load(write_topology(tmp_path, "127.0.0.1:1", "127.0.0.1:2", **overrides))
+    """The topology as `diode check` sees it on this host (its `auto` settings chosen)."""
+    return topology.for_this_host(topology.load(write_topology(tmp_path, "127.0.0.1:1",
+                                                               "127.0.0.1:2", **overrides)))
 
 
 def check(path, *extra):

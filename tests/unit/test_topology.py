@@ -42,9 +42,12 @@ def test_minimal_topology_gets_the_documented_defaults():
     assert t.compression == "none"
     assert t.security.cipher == "aes-256-gcm"
     assert t.link.port == 3456
-    # auto: what the path toward link.host (127.0.0.1 by default: loopback) carries whole
-    assert t.link.datagram_size_bytes == 65000
-    assert t.link.datagram_size_note == "auto: MTU 65536 of lo toward 127.0.0.1"
+    assert (t.link.datagram_size_bytes, t.link.bind_address) == ("auto", "auto")
+    # auto, on this host: what the path toward link.host (127.0.0.1 by default: loopback)
+    # carries whole
+    here = topology.for_this_host(t).link
+    assert here.datagram_size_bytes == 65000
+    assert here.datagram_size_note == "auto: MTU 65536 of lo toward 127.0.0.1"
     assert t.sender.kafka == {"bootstrap.servers": "high:9092"}
     assert t.sender.topics == ["orders"]
     for side, stages in topology.PIPELINES.items():
@@ -515,11 +518,24 @@ def test_schemas_go_to_their_own_topic_and_nothing_else_writes_there():
     assert any(p.startswith("sender.topics (schemas):") for p in problems)
 
 
+def test_loading_asks_nothing_of_the_network(monkeypatch):
+    """`load` reads the file alone: the MTU toward link.host and this host's addresses, which
+    `auto` settings need, are asked by for_this_host (a launch, a check, a measure)."""
+    import socket
+
+    def no_socket(*args, **kwargs):
+        raise AssertionError("a socket was opened while loading")
+    monkeypatch.setattr(socket, "socket", no_socket)
+    monkeypatch.setattr(socket, "getaddrinfo", no_socket)
+    t = topology.from_dict(minimal(link={"host": "127.0.0.1"}))
+    assert (t.link.datagram_size_bytes, t.link.bind_address) == ("auto", "auto")
+
+
 def test_the_receivers_address_and_its_senders_are_checked():
     """link.bind.address auto binds link.host where this host holds it; a bind address or a
     source address that is not one is an error naming the key."""
-    t = topology.from_dict(minimal(link={"host": "127.0.0.1",
-                                         "source.addresses": ["127.0.0.1", "10.20.0.0/30"]}))
+    t = topology.for_this_host(topology.from_dict(minimal(link={
+        "host": "127.0.0.1", "source.addresses": ["127.0.0.1", "10.20.0.0/30"]})))
     assert (t.link.bind_address, t.link.bind_address_note) == (
         "127.0.0.1", "auto: link.host, an address of this host")
     assert t.link.source_addresses == ["127.0.0.1", "10.20.0.0/30"]
