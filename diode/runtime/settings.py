@@ -18,6 +18,7 @@ from pathlib import Path
 
 from diode.accounting import events
 from diode.link import admission
+from diode.link.path import MAX_UDP_PAYLOAD
 
 SIDES = ("sender", "receiver")
 PIPELINES = {
@@ -192,7 +193,7 @@ class LinkSettings:
         "host, less the IP and UDP headers (1472 for an MTU of 1500, 8972 for jumbo frames, "
         "65000 on loopback; 1472 when there is no route yet). A size the path would fragment "
         "loses a whole datagram with any one fragment: diode check and the launch warn of it "
-        "unless allow.fragmentation is true.", size_or_auto(256, 65507))
+        "unless allow.fragmentation is true.", size_or_auto(256, MAX_UDP_PAYLOAD))
     allow_fragmentation: bool = setting(
         False, "A datagram.size.bytes larger than the path carries whole is meant (a link "
         "that never drops a fragment): no warning.")
