@@ -25,13 +25,13 @@ import zmq
 
 from diode.errors import DiodeError
 from diode.runtime.metrics import Metrics
+from diode.runtime.parent import die_with_parent
 from diode.runtime.topology import Topology
 from diode.runtime import wiring
 from diode.runtime.wiring import WorkerSpec
 
 log = logging.getLogger("diode.runtime.worker")
 
-PR_SET_PDEATHSIG = 1
 # Python's cyclic garbage collector, left to itself, was 13-16 % of a kafka_writer's and a
 # kafka_reader's CPU (py-spy --native), and still 16 % of the writer's with a young-generation
 # threshold of 100 000: every record's header list and produce call allocates containers, and
@@ -251,14 +251,6 @@ def stage_class(stage_type: str):
     return importlib.import_module(f"stages.{stage_type}").Stage
 
 
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
-
-
 def run(spec: WorkerSpec, topology: Topology, run_dir: str, keys: KeySlot,
         heartbeats: Heartbeats, slot: int, parent_pid: int, inherited: dict,
         incarnation: int = 1, cls: type | None = None) -> None:
@@ -339,7 +331,7 @@ def _run(spec, topology, run_dir, keys, heartbeats, slot, parent_pid, inherited,
     signal.signal(signal.SIGUSR1, on_rewind)
     signal.signal(signal.SIGHUP, on_reload)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    _die_with_parent()
+    die_with_parent()
     if os.getppid() != parent_pid:
         return 1  # the supervisor died before we could ask to follow it
     setproctitle.setproctitle(f"diode: {spec.name}")
