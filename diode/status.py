@@ -28,6 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from diode.accounting import reasons
 from diode.errors import DiodeError
 from diode.runtime import launches, statedir
 from diode.runtime.metrics import read_counter, samples
@@ -168,7 +169,7 @@ def launch_status(entry: dict, before: dict, after: dict, topology=None) -> dict
                                                           "ticket_oldest_age_seconds").values(),
                                               default=0.0),
                     **{f"closed_{how}": int(total("tickets_closed", reason=how))
-                       for how in ("filled", "expired", "untracked")},
+                       for how in reasons.TICKET_CLOSED},
                     "repair_seconds": total("ticket_repair_seconds")}
         if receiver else None,
         "missing_last_hour": {"ranges": int(total("missing_ranges_last_hour")),

@@ -5,8 +5,9 @@ closed), the audit's events (`diode verify --stream`), the records of the heartb
 group-checkpoint topics and the headers diode adds to records are JSON objects (headers: strings)
 read by people, by diode's own readers (`diode tickets`, the restart's recovery, the audits) and
 by whatever an operator builds on them. Each is defined here: its fields, in order, with their
-JSON type and meaning, and for the missing-records events the reasons, with what each means,
-whether it is a resend ticket, whether its records can be resent and what to do.
+JSON type and meaning; the missing-records events' reasons, with what each means, whether it is
+a resend ticket, whether its records can be resent and what to do, are in
+diode.accounting.reasons.
 
 The writers build their events with `Event.build`, which refuses a field the definition lacks or
 misses; the audits' Spark schemas come from `Event.spark_schema`; docs/events.md is generated from
@@ -14,6 +15,8 @@ here (`diode docs --events`) and a test keeps the two equal. Pure: no I/O.
 """
 
 from typing import NamedTuple
+
+from diode.accounting.reasons import REASONS
 
 
 class Field(NamedTuple):
@@ -51,15 +54,6 @@ class Event(NamedTuple):
         spark = {"string": "string", "integer": "long", "boolean": "boolean"}
         chosen = [f for f in self.fields if not names or f.name in names]
         return ", ".join(f"{f.name} {f.spark or spark[f.type.split('|')[0]]}" for f in chosen)
-
-
-class Reason(NamedTuple):
-    name: str
-    events: str         # the event types that carry it
-    meaning: str        # also the receiver's log line: "missing t[p] offsets a..b (MEANING)"
-    ticket: bool        # a resend ticket opens (diode tickets lists it)
-    resendable: str     # whether `diode resend` can bring the records back
-    action: str         # what the operator does
 
 
 # -- the missing-records topic ----------------------------------------------------------------
@@ -104,49 +98,7 @@ CLOSED = Event("closed", "closed", (
 MISSING_RECORDS = (MISSING, FILLED, CLOSED)
 MISSING_RECORDS_EVENT = {e.kind: e for e in MISSING_RECORDS}  # by its type
 
-RESEND = "Resend it ([runbooks](runbooks.md#a-missing-range))"
-REASONS = (
-    Reason("gap", "missing", "lost on the link", True, "yes, while the source holds it",
-           f"{RESEND}. Many: look at the link ([troubleshooting]"
-           "(troubleshooting.md#records-reported-missing)). A record larger than "
-           "sender.max.record.bytes, in the sender's dead-letter topic, is reported so too: no "
-           "resend brings it."),
-    Reason("tail", "missing", "sent before the last heartbeat, never arrived", True,
-           "yes, while the source holds it",
-           f"{RESEND}. With a silent link: the link or the sender went down mid-stream."),
-    Reason("receiver-down", "missing", "sent while no receiver was reading", True,
-           "yes, while the source holds it",
-           f"{RESEND}. Keep the receiver running whenever the sender is (start it first)."),
-    Reason("source-reset", "missing",
-           "still missing when a new incarnation of the source partition replaced this one",
-           True, "no: the topic was recreated (or its cluster rebuilt), the old records are "
-           "gone", "None: the ticket closes expired at once, and the new topic is replicated "
-           "from its first record. Find out who recreated the source topic."),
-    Reason("expired", "missing, closed", "the source no longer holds them: they cannot be "
-           "resent", False, "no: retention deleted them at the source",
-           "None for these records. Resend at-risk ranges sooner "
-           "(`diode_missing_at_risk_records`), or keep them longer at the source."),
-    Reason("refused: <error>", "missing", "the destination refused the record for good and "
-           "there is no dead-letter topic, or that refused it too", False,
-           "yes, once the destination takes it (it is no ticket: resend it from an audit's "
-           "manifest)", "Fix the destination (the error says what: a size limit, an ACL), "
-           "then [runbooks](runbooks.md#a-refused-record)."),
-    Reason("late", "filled", "records of a reported range arrived after all (late, or resent)",
-           False, "-", "None: a correction of the missing event."),
-    Reason("filled", "closed", "every record of the ticket's range has arrived (or every record "
-           "the source holds in it)", False, "-", "None."),
-    Reason("untracked", "closed", "more than 10 000 tickets were open for the source "
-           "partition: the oldest stops being tracked", False,
-           "yes, while the source holds it (through an audit's manifest)",
-           "Find why so much is lost ([troubleshooting](troubleshooting.md#records-reported-"
-           "missing)); `diode verify --manifest` finds these ranges again."),
-)
-REASON_MEANINGS = {r.name: r.meaning for r in REASONS}
-
-
-def meaning(reason: str) -> str:
-    """What a reason means, for the receiver's log line ("refused: <error>" says itself)."""
-    return REASON_MEANINGS.get(reason, reason)
+# The reasons of the missing-records events, with their meanings: diode.accounting.reasons.
 
 
 # -- the audit's events (diode verify --stream) ------------------------------------------------

@@ -1,5 +1,10 @@
 """Order, duplicates and exact gaps of one source partition, at the writer that owns it.
 
+This is where a range of source offsets is decided missing, and the only place: the writer's
+reporter (diode.writer.reporter) tells what is decided here (events, logs, metrics), and every
+reason is named once in diode.accounting.reasons. Resend tickets are opened and settled here
+too, kept in diode.accounting.tickets.OpenTickets.
+
 Offsets of a source partition are not contiguous (compaction, transaction markers), so the sender
 tells the chain: records travel in runs (diode.link.runs) of consecutive records of the chain, and
 each run carries the offset of the record the sender sent before its first (`prev`; -1 when the run
@@ -68,16 +73,15 @@ import heapq
 from collections import deque
 from typing import NamedTuple
 
+from diode.accounting import reasons
+from diode.accounting.tickets import Open, OpenTickets
 from diode.link.records import NO_INCARNATION
 
 
 class Missing(NamedTuple):
     first: int
     last: int
-    reason: str  # "gap": a later record arrived; "tail": a heartbeat said they were sent;
-    #              "receiver-down": sent while no receiver was reading (before the first
-    #              live record after a restart); "source-reset": still missing when a newer
-    #              incarnation of the source partition replaced this one
+    reason: str  # diode.accounting.reasons: GAP, TAIL, RECEIVER_DOWN or SOURCE_RESET
 
 
 CHECKPOINT_GAPS = 1000  # reported gaps a checkpoint keeps for late fills
@@ -152,11 +156,9 @@ class PartitionState:
         self._claims: deque = deque()      # Claims, last sent increasing within a chain
         self.duplicates = 0
         self.resumed = resumed             # after a restart, no live record written yet
-        # Open resend tickets (diode.accounting.tickets): reported ranges, [first, last,
-        # opened at (wall clock, ms), the source timestamp of the last record written before
-        # them or None, how many records the source holds in them or None (a resend's word)],
-        # sorted and disjoint, until no gap is left in them (or none the source holds).
-        self.tickets: list = []
+        # Open resend tickets: reported ranges, sorted and disjoint, until no gap is left in
+        # them (or none the source holds).
+        self.tickets = OpenTickets()
         self.last_timestamp: int | None = None  # of the last record written (the caller's)
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -169,7 +171,7 @@ class PartitionState:
                 "expected": [[first, last] for first, last, _ in self.expected],
                 "retired": self.retired, "retiring": self.retiring is not None,
                 "source_end": self.source_end, "log_start": self.log_start,
-                "tickets": self.tickets[-CHECKPOINT_GAPS:],
+                "tickets": [t.as_list() for t in self.tickets[-CHECKPOINT_GAPS:]],
                 "last_timestamp": self.last_timestamp,
                 "chains": [[start, *known] for start, known in self.chains.items()]}
 
@@ -186,8 +188,7 @@ class PartitionState:
             #                        clock it ran on went with the restart)
         state.gaps = [list(g) for g in saved.get("gaps", [])]
         state.unknown = [list(g) for g in saved.get("unknown", [])]
-        state.tickets = [[*t[:3], *(list(t[3:5]) + [None, None])[:2]]
-                         for t in saved.get("tickets", [])]
+        state.tickets = OpenTickets(Open.of_list(t) for t in saved.get("tickets", []))
         state.last_timestamp = saved.get("last_timestamp")
         state.chains = {start: [first, heard] for start, first, heard in saved.get("chains", [])}
         # the wait starts again at the first expire() after the restart
@@ -239,80 +240,25 @@ class PartitionState:
                 j += 1
         return n
 
-    # -- tickets -----------------------------------------------------------------------------
+    # -- tickets (diode.accounting.tickets.OpenTickets) ----------------------------------------
 
     def open_ticket(self, first: int, last: int, now_ms: int) -> list:
-        """A reported missing range is a ticket from now on (once: a range reported again after
-        a restart keeps its ticket), with the timestamp of the last record written before it.
-        Returns the oldest tickets dropped to keep at most `max_gaps` open, as closed ones:
-        [first, last, opened, "untracked"]."""
-        i = bisect.bisect_left(self.tickets, [first])
-        if i < len(self.tickets) and self.tickets[i][:2] == [first, last]:
-            return []
-        self.tickets.insert(i, [first, last, now_ms, self.last_timestamp, None])
-        dropped = []
-        while len(self.tickets) > self.max_gaps:
-            dropped.append([*self.tickets.pop(0)[:3], "untracked"])
-        return dropped
-
-    def due_by(self, deadline_ms: int, retention_ms: int) -> list:
-        """The open tickets whose records retention deletes before `deadline_ms`, by their
-        timestamps (a lower bound: the last record written before each): [first, last]."""
-        return [t[:2] for t in self.tickets
-                if t[3] is not None and t[3] + retention_ms < deadline_ms]
-
-    def ticket_at(self, offset: int) -> list | None:
-        """The open ticket whose range holds `offset`: [first, last, opened, ts, held], or
-        None."""
-        i = bisect.bisect_right(self.tickets, [offset, float("inf")]) - 1
-        return self.tickets[i] if i >= 0 and self.tickets[i][1] >= offset else None
-
-    def source_holds(self, first: int, last: int, count: int) -> None:
-        """A resend read the source from `first` to `last` and found `count` records: the
-        ticket of exactly that range is filled once that many of its records have arrived
-        (on a compacted topic the rest never existed)."""
-        i = bisect.bisect_left(self.tickets, [first])
-        if i < len(self.tickets) and self.tickets[i][:2] == [first, last]:
-            self.tickets[i][4] = count
+        """A reported missing range is a ticket from now on (OpenTickets.open), with the
+        timestamp of the last record written before it; at most `max_gaps` stay open."""
+        return self.tickets.open(first, last, now_ms, self.last_timestamp, self.max_gaps)
 
     def settle_tickets(self, first: int, last: int) -> list:
-        """Close the open tickets overlapping [first, last] that no reported gap is left in, or
-        whose records the source holds have all arrived (source_holds): "filled"; or whose
-        gaps left are all below the source's log start: "expired". Returned as [first, last,
-        opened, state]."""
-        closed = []
-        i = max(0, bisect.bisect_right(self.tickets, [first]) - 1)
-        while i < len(self.tickets) and self.tickets[i][0] <= last:
-            t0, t1, opened, _, held = self.tickets[i]
-            if t1 < first:
-                i += 1
-                continue
-            top = self._highest_gap_in(t0, t1)
-            if top is None or (held is not None and
-                               t1 - t0 + 1 - self._gap_records_in(t0, t1) >= held):
-                closed.append([t0, t1, opened, "filled"])
-                del self.tickets[i]
-            elif top < self.log_start:
-                closed.append([t0, t1, opened, "expired"])
-                del self.tickets[i]
-            else:
-                i += 1
-        return closed
+        """The tickets overlapping [first, last] that are done, closed (OpenTickets.settle)."""
+        return self.tickets.settle(first, last, self.gaps, self.log_start)
 
-    def _gap_records_in(self, first: int, last: int) -> int:
-        """How many offsets of [first, last] are still in reported gaps."""
-        n, i = 0, max(0, bisect.bisect_left(self.gaps, [first]) - 1)
-        while i < len(self.gaps) and self.gaps[i][0] <= last:
-            n += max(0, min(self.gaps[i][1], last) - max(self.gaps[i][0], first) + 1)
-            i += 1
-        return n
+    def ticket_at(self, offset: int) -> Open | None:
+        return self.tickets.at(offset)
 
-    def _highest_gap_in(self, first: int, last: int) -> int | None:
-        """The highest offset in [first, last] still in a reported gap (None: none is)."""
-        i = bisect.bisect_right(self.gaps, [last, float("inf")]) - 1
-        if i >= 0 and self.gaps[i][1] >= first:
-            return min(self.gaps[i][1], last)
-        return None
+    def source_holds(self, first: int, last: int, count: int) -> None:
+        self.tickets.holds(first, last, count)
+
+    def due_by(self, deadline_ms: int, retention_ms: int) -> list:
+        return self.tickets.due_by(deadline_ms, retention_ms)
 
     def retire(self, now: float) -> None:
         """A newer incarnation of the source partition appeared (at the reader's clock `now`):
@@ -461,7 +407,7 @@ class PartitionState:
             if self._unaccounted(start, last) and self.seen_start(start):
                 self._account(start, last, live, u)
             if self.frontier is not None and last > self.frontier:
-                self._report(Missing(self.frontier + 1, last, self._reason("tail", live)), u)
+                self._report(Missing(self.frontier + 1, last, self._reason(reasons.TAIL, live)), u)
                 self.frontier = last
                 self._release(u)
         if self.retired and not self._claims and not self.pending:
@@ -487,7 +433,7 @@ class PartitionState:
             while self.pending:
                 self._force(u)
             for first, last, _ in self.expected:
-                u.missing.append(Missing(first, last, "source-reset"))
+                u.missing.append(Missing(first, last, reasons.SOURCE_RESET))
                 bisect.insort(self.gaps, [first, last])
             self.expected = []
         finally:
@@ -501,7 +447,7 @@ class PartitionState:
         if self.frontier is None:
             self._anchor()
         if self.frontier is not None and self.source_end > self.frontier:
-            self._report(Missing(self.frontier + 1, self.source_end, "source-reset"), u)
+            self._report(Missing(self.frontier + 1, self.source_end, reasons.SOURCE_RESET), u)
             self.frontier = self.source_end
 
     # -- internals ---------------------------------------------------------------------------
@@ -545,7 +491,7 @@ class PartitionState:
             self.unknown = [[0, need]] if need >= 0 else []
         elif need > self.frontier:
             self._report(Missing(self.frontier + 1, need,
-                                 self._reason("gap", not run.origin[2])), u)
+                                 self._reason(reasons.GAP, not run.origin[2])), u)
             self.frontier = need
         self._release(u)
 
@@ -554,8 +500,8 @@ class PartitionState:
         no receiver read (`resumed` ends when a live record is written); what a retirement
         leaves open: "source-reset"."""
         if self._resetting:
-            return "source-reset"
-        return "receiver-down" if self.resumed and live else reason
+            return reasons.SOURCE_RESET
+        return reasons.RECEIVER_DOWN if self.resumed and live else reason
 
     def _widen(self, now: float, filled: list) -> None:
         """Gaps reported too early were filled by the chain: wait longer (see the module)."""
@@ -586,7 +532,7 @@ class PartitionState:
                 keep.append([a, b])
                 continue
             keep += [r for r in ([a, lo - 1], [hi + 1, b]) if r[0] <= r[1]]
-            self._report_below(Missing(lo, hi, self._reason("gap", live)), u)
+            self._report_below(Missing(lo, hi, self._reason(reasons.GAP, live)), u)
         self.unknown = keep
 
     def _report_below(self, m: Missing, u: Update) -> None:
@@ -668,7 +614,7 @@ class PartitionState:
             if now - since < self.wait:
                 keep.append([first, last, since])
                 continue
-            self._report_below(Missing(first, last, "gap"), u)
+            self._report_below(Missing(first, last, reasons.GAP), u)
         self.expected = keep
 
 

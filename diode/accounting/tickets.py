@@ -21,18 +21,22 @@ key, so whoever holds it there can write any manifest (docs/verification.md says
 one). Pure, apart from the clock's value passed in.
 """
 
+import bisect
 import hashlib
 import hmac
 import json
 import struct
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from diode.accounting import reasons
+
 HEADER = "diodeTicket"   # the header of a resent record: the ticket it fills
 MANIFEST_LABEL = b"diode resend manifest v1"
-STATES = ("open", "filled", "expired", "untracked")
+STATES = ("open", *reasons.TICKET_CLOSED)
 
 
 def ticket_id(topic_id: str | None, topic: str, partition: int, first: int, last: int) -> str:
@@ -40,6 +44,120 @@ def ticket_id(topic_id: str | None, topic: str, partition: int, first: int, last
     h = hashlib.blake2b(digest_size=10, person=b"diode-ticket")
     h.update(json.dumps([topic_id or "", topic, partition, first, last]).encode())
     return h.hexdigest()
+
+
+@dataclass(slots=True)
+class Open:
+    """A ticket open in a partition's state (diode.accounting.ordering): a reported range,
+    until no gap is left in it (or none the source holds). A checkpoint holds it as the list
+    [first, last, opened, last_timestamp, held] (as_list, of_list)."""
+    first: int
+    last: int
+    opened: int                  # when the range was reported (wall clock, ms)
+    last_timestamp: int | None   # the source timestamp of the last record written before it
+    held: int | None = None      # how many records the source holds in it (a resend's word)
+
+    def as_list(self) -> list:
+        return [self.first, self.last, self.opened, self.last_timestamp, self.held]
+
+    @classmethod
+    def of_list(cls, saved: list) -> "Open":
+        return cls(*saved[:3], *(list(saved[3:5]) + [None, None])[:2])
+
+
+class Closed(NamedTuple):
+    """A ticket closed by a partition's state, and how (STATES[1:])."""
+    first: int
+    last: int
+    opened: int
+    how: str
+
+
+class OpenTickets(list):
+    """The open tickets of a partition's state (diode.accounting.ordering), sorted by first
+    offset and disjoint: opened when a range is reported missing, closed (Closed) when no gap
+    is left in them, when every record the source holds in them has arrived, or when what is
+    left is below the source's log start."""
+    __slots__ = ()
+
+    def _index(self, first: int) -> int:
+        """Where the first ticket starting at `first` or above is."""
+        return bisect.bisect_left(self, first, key=lambda t: t.first)
+
+    def open(self, first: int, last: int, now_ms: int, last_timestamp: int | None,
+             most: int) -> list:
+        """A reported missing range is a ticket from now on (once: a range reported again after
+        a restart keeps its ticket). Returns the oldest tickets dropped to keep at most `most`
+        open, closed "untracked"."""
+        i = self._index(first)
+        if i < len(self) and (self[i].first, self[i].last) == (first, last):
+            return []
+        self.insert(i, Open(first, last, now_ms, last_timestamp))
+        dropped = []
+        while len(self) > most:
+            t = self.pop(0)
+            dropped.append(Closed(t.first, t.last, t.opened, reasons.UNTRACKED))
+        return dropped
+
+    def due_by(self, deadline_ms: int, retention_ms: int) -> list:
+        """The open tickets whose records retention deletes before `deadline_ms`, by their
+        timestamps (a lower bound: the last record written before each): [first, last]."""
+        return [[t.first, t.last] for t in self
+                if t.last_timestamp is not None and t.last_timestamp + retention_ms < deadline_ms]
+
+    def at(self, offset: int) -> Open | None:
+        """The open ticket whose range holds `offset`, or None."""
+        i = bisect.bisect_right(self, offset, key=lambda t: t.first) - 1
+        return self[i] if i >= 0 and self[i].last >= offset else None
+
+    def holds(self, first: int, last: int, count: int) -> None:
+        """A resend read the source from `first` to `last` and found `count` records: the
+        ticket of exactly that range is filled once that many of its records have arrived
+        (on a compacted topic the rest never existed)."""
+        i = self._index(first)
+        if i < len(self) and (self[i].first, self[i].last) == (first, last):
+            self[i].held = count
+
+    def settle(self, first: int, last: int, gaps: list, log_start: int) -> list:
+        """Close the open tickets overlapping [first, last] that no reported gap (`gaps`:
+        sorted [first, last]) is left in, or whose records the source holds have all arrived
+        (holds): "filled"; or whose gaps left are all below the source's `log_start`:
+        "expired". Returned as Closed."""
+        closed = []
+        i = max(0, self._index(first) - 1)
+        while i < len(self) and self[i].first <= last:
+            t = self[i]
+            if t.last < first:
+                i += 1
+                continue
+            top = _highest_gap_in(gaps, t.first, t.last)
+            if top is None or (t.held is not None and t.last - t.first + 1 -
+                               _gap_records_in(gaps, t.first, t.last) >= t.held):
+                closed.append(Closed(t.first, t.last, t.opened, reasons.FILLED))
+                del self[i]
+            elif top < log_start:
+                closed.append(Closed(t.first, t.last, t.opened, reasons.EXPIRED))
+                del self[i]
+            else:
+                i += 1
+        return closed
+
+
+def _gap_records_in(gaps: list, first: int, last: int) -> int:
+    """How many offsets of [first, last] are still in `gaps`."""
+    n, i = 0, max(0, bisect.bisect_left(gaps, [first]) - 1)
+    while i < len(gaps) and gaps[i][0] <= last:
+        n += max(0, min(gaps[i][1], last) - max(gaps[i][0], first) + 1)
+        i += 1
+    return n
+
+
+def _highest_gap_in(gaps: list, first: int, last: int) -> int | None:
+    """The highest offset in [first, last] still in `gaps` (None: none is)."""
+    i = bisect.bisect_right(gaps, [last, float("inf")]) - 1
+    if i >= 0 and gaps[i][1] >= first:
+        return min(gaps[i][1], last)
+    return None
 
 
 class Ticket(NamedTuple):
@@ -84,7 +202,7 @@ class Book:
             return
         known = self.tickets.get(tid)
         if kind == "missing":
-            if event.get("reason") == "expired":
+            if event.get("reason") == reasons.EXPIRED:
                 if known is not None and known.state == "open":
                     self.tickets[tid] = known._replace(at_risk=True)
             elif known is None:

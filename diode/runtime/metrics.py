@@ -32,6 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from diode.accounting import reasons
 from diode.runtime import files
 
 log = logging.getLogger("diode.runtime.metrics")
@@ -198,7 +199,7 @@ CATALOG = {
     "tickets_closed": Metric("counter", ("kafka_writer",), "Resend tickets closed, by reason: "
                              "filled (every record arrived), expired (the source deleted what "
                              "was left), untracked (past the open tickets kept per partition)",
-                             reasons=("filled", "expired", "untracked")),
+                             reasons=reasons.TICKET_CLOSED),
     "ticket_repair_seconds": Metric("counter", ("kafka_writer",), "Seconds from report to "
                                     "repair, summed over the tickets closed filled (divided by "
                                     "tickets_closed{reason=filled}: the mean time to repair)"),

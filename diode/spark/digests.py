@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from diode.accounting import digests as dg
+from diode.accounting import reasons
 from diode.accounting.events import DIGEST
 from diode.accounting.ranges import merge, subtract
 from diode.spark.verify import SOURCE, _origin, by_source, extract, own_headers
@@ -168,7 +169,7 @@ def reported_missing(cluster, topic: str) -> dict:
     from diode.kafka.cluster import settings_of
     found: dict = {}
     for e in recovery.all_events(settings_of(cluster), topic):
-        if e.get("type") not in ("missing", "filled") or e.get("reason") == "expired":
+        if e.get("type") not in ("missing", "filled") or e.get("reason") == reasons.EXPIRED:
             continue
         key = (e.get("sourceTopic"), e.get("sourcePartition"), e.get("sourceTopicId"))
         span = [(int(e["firstOffset"]), int(e["lastOffset"]))]

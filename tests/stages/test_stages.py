@@ -17,6 +17,7 @@ from diode.runtime.metrics import Metrics
 from diode.link.records import NO_INCARNATION, Record, partition_owner
 from diode.runtime.topology import from_dict
 from diode.runtime.wiring import WorkerSpec
+from diode.writer.destination import Entry
 from diode.runtime.worker import Secrets, StageContext, stage_class
 from tests.conftest import free_port
 from stages import udp_reader
@@ -514,7 +515,7 @@ def test_writer_counts_and_drops_runs_it_cannot_decode_or_does_not_own(zctx):
     run_until(w, lambda: w.metrics.get("rejects", reason="misrouted") == 1, timeout=15)
     assert w.metrics.get("rejects", reason="decode_failed") == 2
     # the good run waits for its destination (there is none to read or write here)
-    assert w.produced == 0 and w.backlog_records == 3
+    assert w.dest.produced == 0 and w.backlog_records == 3
     w.close()
 
 
@@ -549,16 +550,16 @@ def test_writer_resumes_a_run_where_a_full_queue_stopped_it(zctx, room, per_poll
     producer's queue fills in the middle of a run (null keys, a tombstone, one partly
     produced already)."""
     w = make_stage(zctx, topology(kafka_writer=1), "receiver", "kafka_writer")
-    w.producer.flush(0)
-    w.producer = FillingProducer(room, per_poll)
-    w.dest_partitions["t"] = 8
+    w.dest.producer.flush(0)
+    w.dest.producer = FillingProducer(room, per_poll)
+    w.dest.dest_partitions["t"] = 8
     recs = [Record("t", 0, i, 1000 + i, 1, None, None if i == 5 else b"v%d" % i,
                    (("h", b"%d" % i),) if i % 3 else (), i - 1) for i in range(40)]
     for a, b in ((0, 13), (13, 14), (14, 40)):
-        w.backlog.append([runs.Run.decode(runs.from_records(recs[a:b], 8)), 0, None, ()])
+        w.dest.backlog.append(Entry(runs.Run.decode(runs.from_records(recs[a:b], 8))))
         w.backlog_records += b - a
-    run_until(w, lambda: not w.backlog)
-    sent = w.producer.sent
+    run_until(w, lambda: not w.dest.backlog)
+    sent = w.dest.producer.sent
     assert [(t, p, k, v, ts) for t, p, k, v, ts, _ in sent] == \
         [("t", 0, r.key, r.value, r.timestamp) for r in recs]
     for (*_, headers), r in zip(sent, recs):
@@ -567,7 +568,7 @@ def test_writer_resumes_a_run_where_a_full_queue_stopped_it(zctx, room, per_poll
         assert dict(provenance) == {"sourceTopic": b"t", "sourcePartition": b"0",
                                     "sourceOffset": b"%d" % r.offset,
                                     "sourceTopicId": identity.text(NO_INCARNATION).encode()}
-    assert w.produced == 40 and w.backlog_records == 0
+    assert w.dest.produced == 40 and w.backlog_records == 0
     w.close()
 
 
@@ -587,17 +588,17 @@ def test_a_writer_whose_producer_queue_is_full_waits_instead_of_spinning(zctx):
     """The destination takes nothing more and no input comes: each step waits (for input, or
     for the producer), so the worker does not burn a core while the destination is behind."""
     w = make_stage(zctx, topology(kafka_writer=1), "receiver", "kafka_writer")
-    w.producer.flush(0)
-    w.producer = StuckProducer(room=3)
-    w.dest_partitions["t"] = 8
-    w.backlog.append([runs.Run.decode(runs.from_records(records(40), 8)), 0, None, ()])
+    w.dest.producer.flush(0)
+    w.dest.producer = StuckProducer(room=3)
+    w.dest.dest_partitions["t"] = 8
+    w.dest.backlog.append(Entry(runs.Run.decode(runs.from_records(records(40), 8))))
     w.backlog_records += 40
     steps, cpu = 0, time.process_time()
     deadline = time.monotonic() + 0.5
     while time.monotonic() < deadline:
         w.step()
         steps += 1
-    assert w.produced == 3 and w.backlog_records == 37  # held, in order, nothing dropped
+    assert w.dest.produced == 3 and w.backlog_records == 37  # held, in order, nothing dropped
     assert steps < 200, f"{steps} steps in 0.5 s: the loop spins on a full queue"
     assert time.process_time() - cpu < 0.25
     w.close()

@@ -46,16 +46,16 @@ def test_every_event_the_writer_writes_has_exactly_the_defined_fields(zctx, star
     send(feed, [], 2, now + 1.0)  # the reorder wait is over: offsets 5..9 are missing
     deadline = time.monotonic() + 30
     while w.metrics.get("missing_ranges") < 1:
-        assert time.monotonic() < deadline, (w.produced, w.backlog_records)
+        assert time.monotonic() < deadline, (w.dest.produced, w.backlog_records)
         w.step()
     send(feed, [runs.from_records(recs[5:10], prev=RESEND)], 3, now + 1.1)  # resent
     while w.metrics.get("records") < 20:
-        assert time.monotonic() < deadline, (w.produced, w.backlog_records)
+        assert time.monotonic() < deadline, (w.dest.produced, w.backlog_records)
         w.step()
     refused = [("sourceTopic", b"t"), ("sourcePartition", b"0"), ("sourceOffset", b"20")]
-    w._refused(refused, "dst_t", "Broker: Message size too large")  # as a delivery report says
-    while w.event_queue:
-        assert time.monotonic() < deadline, w.event_queue
+    w.dest.refused(refused, "dst_t", "Broker: Message size too large")  # as a delivery report says
+    while w.dest.event_queue:
+        assert time.monotonic() < deadline, w.dest.event_queue
         w.step()
     w.close()
     written = [json.loads(m.value()) for m in consume(dst.bootstrap, "missing", 4, timeout=20)]

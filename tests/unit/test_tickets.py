@@ -6,6 +6,7 @@ import os
 
 from diode.accounting import tickets
 from diode.accounting.ordering import PartitionState
+from diode.accounting.tickets import Closed, Open
 from tests.unit.test_ordering import chain, feed, resent
 
 
@@ -35,17 +36,18 @@ def lossy_state():
 def test_a_ticket_closes_filled_when_its_last_record_comes():
     state, runs = lossy_state()
     assert state.open_ticket(3, 4, 5000) == []  # reported again (a restart): the same ticket
-    assert state.tickets == [[3, 4, 1000, None, None], [8, 8, 1000, None, None]]
+    assert state.tickets == [Open(3, 4, 1000, None), Open(8, 8, 1000, None)]
     _, _, filled = feed(state, [resent(runs[3])])
     assert filled == [3] and state.settle_tickets(3, 3) == []  # 4 is still missing
-    assert state.ticket_at(4) == [3, 4, 1000, None, None] and state.ticket_at(5) is None
+    assert state.ticket_at(4) == Open(3, 4, 1000, None) and state.ticket_at(5) is None
     _, _, filled = feed(state, [resent(runs[4])])
-    assert state.settle_tickets(4, 4) == [[3, 4, 1000, "filled"]]
-    assert state.tickets == [[8, 8, 1000, None, None]]
+    assert state.settle_tickets(4, 4) == [Closed(3, 4, 1000, "filled")]
+    assert state.tickets == [Open(8, 8, 1000, None)]
+    assert state.checkpoint()["tickets"] == [[8, 8, 1000, None, None]]  # (the JSON's format)
     again = PartitionState.restore(state.checkpoint(), 0.0)  # kept across a restart
-    assert again.tickets == [[8, 8, 1000, None, None]]
+    assert again.tickets == [Open(8, 8, 1000, None)]
     feed(again, [resent(runs[8])])
-    assert again.settle_tickets(8, 8) == [[8, 8, 1000, "filled"]] and again.tickets == []
+    assert again.settle_tickets(8, 8) == [Closed(8, 8, 1000, "filled")] and again.tickets == []
 
 
 def test_a_ticket_closes_expired_when_the_source_deletes_what_is_left():
@@ -53,8 +55,8 @@ def test_a_ticket_closes_expired_when_the_source_deletes_what_is_left():
     feed(state, [resent(runs[3])])
     state.settle_tickets(3, 3)
     assert state.source_starts(5) == [[4, 4]]
-    assert state.settle_tickets(4, 4) == [[3, 4, 1000, "expired"]]
-    assert state.source_starts(8) == [] and state.tickets == [[8, 8, 1000, None, None]]
+    assert state.settle_tickets(4, 4) == [Closed(3, 4, 1000, "expired")]
+    assert state.source_starts(8) == [] and state.tickets == [Open(8, 8, 1000, None)]
 
 
 def test_a_ticket_on_a_compacted_topic_closes_once_what_the_source_holds_arrived():
@@ -69,15 +71,15 @@ def test_a_ticket_on_a_compacted_topic_closes_once_what_the_source_holds_arrived
         state._fill(offset)
         assert state.settle_tickets(offset, offset) == []
     state._fill(18)
-    assert state.settle_tickets(18, 18) == [[10, 19, 1000, "filled"]]
+    assert state.settle_tickets(18, 18) == [Closed(10, 19, 1000, "filled")]
     assert state.gaps == [[11, 12], [14, 14], [16, 17], [19, 19]]  # (never to come)
 
 
 def test_open_tickets_are_bounded_per_partition():
     state = PartitionState(0.0, max_gaps=2)
     assert state.open_ticket(1, 1, 1) == [] and state.open_ticket(3, 3, 2) == []
-    assert state.open_ticket(5, 6, 3) == [[1, 1, 1, "untracked"]]
-    assert [t[:2] for t in state.tickets] == [[3, 3], [5, 6]]
+    assert state.open_ticket(5, 6, 3) == [Closed(1, 1, 1, "untracked")]
+    assert [(t.first, t.last) for t in state.tickets] == [(3, 3), (5, 6)]
 
 
 def test_tickets_are_at_risk_by_their_records_timestamps_and_the_retention():

@@ -4,7 +4,7 @@ and never for a cluster that cannot be reached (an outage is waited out, however
 
 from confluent_kafka import KafkaError
 
-from stages.kafka_writer import TOPIC_GIVE_UP_SECONDS, topic_given_up, topic_trouble
+from diode.writer.destination import TOPIC_GIVE_UP_SECONDS, topic_given_up, topic_trouble
 
 
 def test_a_destination_cluster_down_for_minutes_never_gives_its_topic_up():

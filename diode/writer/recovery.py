@@ -1,0 +1,249 @@
+"""Restarts: the writer's checkpoints, and what the destination already holds.
+
+Every receiver.checkpoint.interval.ms the writer hands everything decoded to the producer,
+flushes it, and records (diode.runtime.checkpoints) its partitions' states and a journal
+position below which nothing it needs is unwritten (checkpoint, then flushed step by step). A
+(re)started writer restores its partitions' states from the checkpoints (restore), corrected by
+what the destination holds (recover: the Preparer reads the provenance headers of the last
+records and the missing ranges already reported, diode.kafka.recovery), before the first run or
+claim of each incarnation of a source partition is offered; until then these wait here, in
+`unrecovered`, in their order.
+
+This room owns the checkpoints' schedule and flush, the incarnations recovered, what waits for
+recovery and the ranges reported before. It does not own the partitions' states (it gets the
+writer's `sources` and a `state(topic, partition, incarnation, now=...)` to make one), the
+producer (it gets a `settle(wait)` that says whether everything was acknowledged), nor the
+journal's replay (stages.kafka_writer asks for it).
+"""
+
+import time
+
+from diode.accounting.ordering import PartitionState, SourcePartition
+from diode.kafka import identity
+from diode.link.runs import Run
+from diode.runtime import checkpoints, statedir
+from diode.writer.destination import FLUSH_STEP_SECONDS, MAX_PARTITIONS
+
+FLUSH_SECONDS = 2.0          # a checkpoint waits this long at most for acknowledgements (and
+#                              FLUSH_STEP_SECONDS a step)
+RECOVER_AGAIN_SECONDS = 5.0  # the destination could not be read: try again after this
+
+
+class Recovery:
+    def __init__(self, settings, metrics, log, journal_dir, index: int, writers: int, *,
+                 sources: dict, source_partitions: dict, owns, name_of, state,
+                 ask_holdings=None, resuming: bool = False):
+        """`settings`: the receiver's; `journal_dir`: where the checkpoints are; `index`,
+        `writers`: this writer's and their count; `sources`: (topic, partition) ->
+        SourcePartition, the writer's; `source_partitions`: source topic -> partition count;
+        `owns(topic, partition)`; `name_of(source topic)`: its destination topic;
+        `state(topic, partition, incarnation, now=None)`: the writer's state of it, made if
+        new; `ask_holdings(...)`: the Preparer's `holdings`; `resuming`: a restart."""
+        self.r, self.metrics, self.log, self.dir = settings, metrics, log, journal_dir
+        self.index, self.writers = index, writers
+        self.sources, self.source_partitions = sources, source_partitions
+        self.owns, self.name_of, self.state = owns, name_of, state
+        self.ask_holdings = ask_holdings
+        # (topic, partition, incarnation) whose destination state is known
+        self.recovered: set = set()
+        self.asked: set = set()           # source topics asked of, not yet answered
+        self.recover_at: dict = {}        # source topic -> when to try reading it again
+        self.unrecovered: dict = {}       # source topic -> runs and claims waiting for that
+        self.reported = None  # (topic, partition, incarnation) -> ranges reported before
+        self.since_ms = None              # the oldest checkpoint's time
+        # A restart (of this writer, or of a receiver that checkpointed before): a partition
+        # first seen now may have had records sent while no receiver read.
+        self.resuming = resuming
+        self.next_checkpoint = time.monotonic() + settings.checkpoint_interval_ms / 1000
+        self.flushing = None   # a checkpoint waiting for the destination's acknowledgements
+
+    def restore(self, heard) -> None:
+        """The states of this writer's partitions from every checkpoint (another writer may
+        have owned some of them, with another writer count): of each partition, every
+        incarnation the newest checkpoint holding it names. `heard(reader, sent)`: the sender's
+        readers heard of, as the checkpoints kept them."""
+        saved = sorted(checkpoints.load_all(self.dir), key=lambda d: d["time_ms"])
+        newest: dict = {}  # (topic, partition) -> its entries in the newest checkpoint
+        for data in saved:
+            for reader, sent in data.get("readers", {}).items():
+                heard(int(reader), sent)
+            found: dict = {}
+            for topic, partition, state in data["partitions"]:
+                if self.owns(topic, partition):
+                    found.setdefault((topic, partition), []).append(state)
+            newest.update(found)
+        for (topic, partition), states in newest.items():
+            for state in states:
+                if state.get("destination", self.name_of(topic)) != self.name_of(topic):
+                    self.log.warning("%s[%d] was written to %s, now to %s: starting it anew",
+                                     topic, partition, state["destination"],
+                                     self.name_of(topic))
+                    continue
+                incarnation = identity.parse(str(state.get("incarnation", "")))
+                if incarnation is None:
+                    self.log.warning("%s[%d]: a checkpoint's state names no incarnation: not "
+                                     "used", topic, partition)
+                    continue
+                restored = PartitionState.restore(
+                    state, self.r.reorder_wait_ms / 1000, self.r.reorder_wait_max_ms / 1000,
+                    incarnation=incarnation)
+                source = self.sources.setdefault((topic, partition), SourcePartition())
+                if state.get("current") and source.current is None:
+                    source.current = restored
+                else:
+                    source.keep_retired(restored)
+        if saved:
+            self.resuming = True
+            self.since_ms = saved[0]["time_ms"]
+            self.log.info("resuming %d partition(s) from the checkpoints in %s: %s",
+                          len(self.sources), self.dir, held_state(self.sources) or "none")
+        for topic, _ in self.sources:
+            self.source_partitions.setdefault(topic, 1)
+
+    # -- what the destination holds ----------------------------------------------------------
+
+    def recover(self, topic: str, partition: int, incarnation: bytes) -> bool:
+        """Whether what the destination already holds of an incarnation of a source partition
+        is known (once per start, before its first record or claim is offered), and which
+        missing ranges were reported already: both from records that name the incarnation
+        (sourceTopicId), never from another's. False until then: the Preparer is asked (with
+        it, the same incarnation of the topic's other partitions this writer owns, and whatever
+        else of the topic waits), and the caller keeps the item waiting in `unrecovered`, in
+        order, counted in the backlog; `recovered_by` hands it back once the answer comes."""
+        if (topic, partition, incarnation) in self.recovered:
+            return True
+        waiting = self.unrecovered.setdefault(topic, [])
+        if topic in self.asked or time.monotonic() < self.recover_at.get(topic, 0.0):
+            return False
+        count = min(max(self.source_partitions.get(topic, 1), partition + 1), MAX_PARTITIONS)
+        wanted = {(topic, p, incarnation) for p in range(count) if self.owns(topic, p)}
+        wanted |= {waiting_for(i) for i in waiting}
+        wanted.add((topic, partition, incarnation))
+        wanted -= self.recovered
+        missing_topic = self.r.missing_records_topic if self.reported is None else None
+        since = None if self.since_ms is None else self.since_ms - 60_000
+        self.ask_holdings(topic, self.name_of(topic), wanted, missing_topic or None, since)
+        self.asked.add(topic)
+        return False
+
+    def recovered_by(self, answer, clock) -> list:
+        """The Preparer's answer for a source topic: its states told what the destination holds
+        and which ranges were reported (at the reader's `clock`); returns what waited for that,
+        in the order it came, to be offered (what waits for another incarnation, asked of
+        since, waits on)."""
+        topic, wanted = answer.topic, answer.wanted
+        self.asked.discard(topic)
+        if answer.error is not None:
+            self.recover_at[topic] = time.monotonic() + RECOVER_AGAIN_SECONDS
+            self.metrics.inc("errors", reason="recovery")
+            self.log.warning("cannot read what the destination holds of %s yet (%s): its "
+                             "records wait; trying again in %.0f s", self.name_of(topic),
+                             answer.error, RECOVER_AGAIN_SECONDS)
+            return []
+        if self.reported is None:  # (read with the first answer; {}: no missing-records topic)
+            self.reported = answer.reported or {}
+        written = answer.written
+        for tp in sorted(wanted - self.recovered):
+            ranges = self.reported.get(tp)
+            if ranges:
+                self.state(*tp, now=clock).reported(ranges)
+            if tp in written:
+                state = self.state(*tp, now=clock)
+                before = state.frontier
+                state.written_up_to(written[tp])
+                if state.frontier != before:
+                    self.log.info("%s[%d] (topic id %s): the destination holds records up to "
+                                  "offset %d (the checkpoint said %s)", tp[0], tp[1],
+                                  identity.text(tp[2]), written[tp], before)
+        self.recovered |= wanted
+        kept, ready = [], []
+        for item in self.unrecovered.pop(topic, []):  # in the order they came
+            (ready if waiting_for(item) in self.recovered else kept).append(item)
+        if kept:
+            self.unrecovered[topic] = kept
+        return ready
+
+    def ask_again(self) -> None:
+        """Ask again for what still waits (once the time to try again has come: with no input
+        taken, nothing else would ask)."""
+        for topic, waiting in list(self.unrecovered.items()):
+            if waiting and topic not in self.asked:
+                self.recover(*waiting_for(waiting[0]))
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def low_water(self, marks: list):
+        """The journal position below which nothing this writer still needs lies, given the
+        unpackers' marks: None until every one is trusted."""
+        if None in marks:
+            return None
+        low = min(m[0] for m in marks)
+        for source in self.sources.values():
+            for state in source.states():
+                if state.pending:
+                    low = min(low, state.oldest_position())
+        for waiting in self.unrecovered.values():
+            for item in waiting:
+                if isinstance(item, Run):
+                    low = min(low, item.origin[0])
+        return low
+
+    def checkpoint(self, now: float, marks: list, heard: dict, settle) -> None:
+        """Record what the destination acknowledged (see the module). Everything decoded has
+        been handed to the producer (the backlog is empty): the state is taken now, and saved
+        once the producers have had everything acknowledged (`flushed`, with `settle`)."""
+        low = self.low_water(marks)
+        if low is None:
+            self.next_checkpoint = now + self.r.checkpoint_interval_ms / 1000
+            return
+        snapshot = [[t, p, {**state.checkpoint(), "destination": self.name_of(t),
+                            "incarnation": identity.text(state.incarnation),
+                            "current": state is source.current}]
+                    for (t, p), source in self.sources.items() for state in source.states()]
+        self.flushing = (snapshot, dict(heard), low, now)
+        self.flushed(now, settle)
+
+    def flushed(self, now: float, settle) -> None:
+        """A step of a checkpoint's flush: saved once `settle(wait)` says the destination has
+        acknowledged every record and event produced; given up after FLUSH_SECONDS (the
+        destination is down or slow: not now; every flush sends what lingers at once, in small
+        batches, so retrying soon would cost what linger.ms saves)."""
+        snapshot, heard, low, started = self.flushing
+        interval = self.r.checkpoint_interval_ms / 1000
+        left = settle(FLUSH_STEP_SECONDS)
+        if left is not None:
+            if left == "stuck" or now - started >= FLUSH_SECONDS:
+                self.flushing = None
+                self.next_checkpoint = now + interval
+            return
+        self.flushing = None
+        self.metrics.set("checkpoint_flush_seconds", time.monotonic() - started)
+        try:
+            checkpoints.save(self.dir, self.index, int(low), snapshot, self.writers,
+                             int(time.time() * 1000), sync=self.r.journal_fsync == "interval",
+                             readers=heard)
+        except OSError as exc:
+            self.metrics.inc("errors", reason="checkpoint")
+            self.log.error("cannot write the checkpoint in %s: %s; a restart replays more of "
+                           "the journal", self.dir, exc)
+        self.metrics.inc("checkpoints")
+        self.metrics.set("checkpoint_low_water", low)
+        self.next_checkpoint = now + interval
+
+
+def waiting_for(item) -> tuple:
+    """(source topic, partition, incarnation) of a run or a heartbeat's claim waiting for what
+    the destination holds of it (Recovery.unrecovered)."""
+    return (item.topic, item.partition, item.incarnation) if isinstance(item, Run) else item[:3]
+
+
+def held_state(sources: dict, most: int = 10) -> str:
+    """The incarnations a writer holds state for, per source partition (the first `most`), in
+    a line, as diode check and status show them from the checkpoints."""
+    held = sorted(sources.items())
+    lines = statedir.held_lines([
+        {"topic": t, "partition": p, "incarnations": [
+            {"topic_id": identity.text(s.incarnation), "frontier": s.frontier,
+             "current": s is source.current} for s in source.states()]}
+        for (t, p), source in held[:most]])
+    return "; ".join(lines) + (f"; and {len(held) - most} more" if len(held) > most else "")
