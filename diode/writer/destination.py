@@ -25,7 +25,7 @@ from confluent_kafka import KafkaError, KafkaException
 from diode.kafka import identity
 from diode.kafka.clients import produce_run, record_headers
 from diode.kafka.preparer import METADATA_TIMEOUT, TopicAnswer
-from diode.link.runs import Run
+from diode.link.runs import FRAMING_ALLOWANCE, Run
 
 MAX_PARTITIONS = 10000
 # receiver.schemas.topic, when the writer creates it: a schema registry refuses to start on a
@@ -103,7 +103,7 @@ class Destination:
             "linger.ms": WRITER_LINGER_MS,
             "message.timeout.ms": 0, "delivery.report.only.error": True,
             "on_delivery": self.delivered,
-            "message.max.bytes": settings.max_record_bytes + 65536})
+            "message.max.bytes": settings.max_record_bytes + FRAMING_ALLOWANCE})
         self.events = None  # the producer of events and dead letters, made when needed
         self.event_queue = deque()  # (topic, key, value, headers) for that producer
         self.events_first = False   # missing ranges to acknowledge before writing more
@@ -386,7 +386,7 @@ class Destination:
         if self.events is None:
             self.events = self.new_producer(**{
                 "message.timeout.ms": 0, "on_delivery": self._event_delivered,
-                "message.max.bytes": self.r.max_record_bytes + 65536})
+                "message.max.bytes": self.r.max_record_bytes + FRAMING_ALLOWANCE})
         while queue:
             topic, key, value, headers = queue[0]
             if topic not in self.dest_partitions and not self.ensure_topic(topic, 1):
