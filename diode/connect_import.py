@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from diode.errors import DiodeError
+from diode.kafka import messages
 from diode.runtime import files
 from diode.runtime.topology import SECRET_KAFKA_KEYS
 
@@ -510,8 +511,8 @@ def _take_source(d: _Draft, cfg: Config, key: str, value: str) -> bool:
     elif key == "missing.records.topic":
         d.values["receiver.missing.records.topic"] = value.strip()
         d.notes.append("receiver.missing.records.topic gets one JSON record per missing range "
-                       "(sourceTopic, sourcePartition, firstOffset, lastOffset, reason, "
-                       "detectedAt) and one per late fill, exact rather than best effort")
+                       "and one per late fill, exact rather than best effort "
+                       f"({messages.missing_records_fields()}: docs/events.md)")
     elif key.startswith("missing.records."):
         sub = key.removeprefix("missing.records.")
         if sub.startswith(CONNECTION_KEYS):

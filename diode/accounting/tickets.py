@@ -30,7 +30,11 @@ from typing import NamedTuple
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-HEADER = "diodeTicket"   # the header of a resent record: the ticket it fills
+from diode.kafka.messages import TICKET_HEADER
+
+# The header of a resent record, the ticket it fills: defined in diode.kafka.messages (its
+# TICKET_HEADER, ticket_header); this name stays for the writer until it is switched to those.
+HEADER = TICKET_HEADER
 MANIFEST_LABEL = b"diode resend manifest v1"
 STATES = ("open", "filled", "expired", "untracked")
 

@@ -30,6 +30,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from diode.errors import DiodeError
 from diode.kafka import identity
 from diode.kafka.clients import admin_config
+from diode.kafka.messages import Provenance
 from diode.accounting.ranges import merge
 
 log = logging.getLogger("diode.kafka.recovery")
@@ -58,8 +59,6 @@ def last_written(settings: dict, destination_topic: str, wanted: set[tuple[str, 
     wanted = set(wanted)
     if not wanted:
         return {}
-    names = {(t.encode(), b"%d" % p, identity.text(inc).encode()): (t, p, inc)
-             for t, p, inc in wanted}
     best: dict[tuple[str, int, bytes], int] = {}
     with _Reader(settings, timeout) as r:
         count = r.partitions(destination_topic)
@@ -73,20 +72,14 @@ def last_written(settings: dict, destination_topic: str, wanted: set[tuple[str, 
         def take(dp: int, msgs: list) -> None:
             here = pending[dp]
             for m in msgs:
-                h = m.headers()
-                if not h:
+                p = Provenance.parse(m.headers())
+                if p is None:
+                    continue  # (not written by diode)
+                pair = (p.topic, p.partition, p.incarnation)
+                if pair not in wanted:
                     continue
-                h = dict(h)
-                pair = names.get((h.get("sourceTopic"), h.get("sourcePartition"),
-                                  h.get("sourceTopicId")))
-                if pair is None:
-                    continue
-                try:
-                    offset = int(h["sourceOffset"])
-                except (KeyError, TypeError, ValueError):
-                    continue  # not a provenance header diode wrote
-                if offset > best.get(pair, -1):
-                    best[pair] = offset
+                if p.offset > best.get(pair, -1):
+                    best[pair] = p.offset
                 here.discard(pair)
 
         scans = {dp: _Backward(*r.watermarks(destination_topic, dp), max_scan)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from diode.accounting import events
+from diode.kafka import messages
 from diode.errors import TopologyError
 from diode.link import admission
 
@@ -374,14 +374,13 @@ class ReceiverSettings:
         "partition's wait, at most once per wait, up to this. Equal to reorder.wait.ms: never.",
         non_negative)
     digest_topic: str = setting(
-        "", f"Destination topic for the sender's digests (JSON: {', '.join(events.DIGEST.names)}: "
-        "docs/events.md), which diode verify --digest-topic checks the destination against; "
+        "", "Destination topic for the sender's digests (JSON: "
+        f"{', '.join(messages.DIGEST.names)}: docs/events.md), which diode verify --digest-topic checks the destination against; "
         "empty: not written.")
     missing_records_topic: str = setting(
         "", "Destination topic for missing ranges, their later fills and their resend tickets' "
-        f"closing (JSON events, type missing: {', '.join(events.MISSING.names)}; filled: the "
-        f"same without ticket; closed: with {', '.join(events.CLOSED.names[-3:])}; every field "
-        "and reason: docs/events.md); empty: log only, and no resend tickets.")
+        f"closing (JSON events, {messages.missing_records_fields()}; every field and reason: "
+        "docs/events.md); empty: log only, and no resend tickets.")
     resend_margin_records: int = setting(
         100000, "A missing range is at risk when the source's log start (as the sender last "
         "looked) is within this many offsets of it: retention deletes it next, so resend it "

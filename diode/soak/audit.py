@@ -29,7 +29,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from diode.accounting.events import MISSING
+from diode.kafka.messages import MISSING
 from diode.spark import verify
 from diode.soak.traffic import CRC_HEADER
 

@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from diode.accounting import digests as dg
-from diode.accounting.events import DIGEST
+from diode.kafka.messages import DIGEST
 from diode.accounting.ranges import merge, subtract
 from diode.spark.verify import SOURCE, _origin, by_source, extract, own_headers
 

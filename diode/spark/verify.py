@@ -24,7 +24,8 @@ import sys
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from diode.accounting.tickets import HEADER as TICKET_HEADER
+from diode.kafka.messages import (SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC, SOURCE_TOPIC_ID,
+                                  TICKET_HEADER)
 from diode.spark.kafka_source import choose_format, connector_jars
 
 MISSING = "array<struct<first: long, last: long>>"
@@ -192,11 +193,12 @@ def offsets_read(rows: DataFrame) -> dict:
 
 def _origin() -> list:
     """sourceTopic, sourcePartition, sourceOffset, sourceTopicId columns from the provenance
-    headers (sourceTopicId null when absent)."""
-    return [_header("sourceTopic", "string").alias("sourceTopic"),
-            _header("sourcePartition", "int").alias("sourcePartition"),
-            _header("sourceOffset", "long").alias("sourceOffset"),
-            _incarnation().alias("sourceTopicId")]
+    headers (sourceTopicId null when absent): the audit's reading of the headers
+    diode.kafka.messages defines, taken as its Provenance.parse takes them."""
+    return [_header(SOURCE_TOPIC, "string").alias(SOURCE_TOPIC),
+            _header(SOURCE_PARTITION, "int").alias(SOURCE_PARTITION),
+            _header(SOURCE_OFFSET, "long").alias(SOURCE_OFFSET),
+            _incarnation().alias(SOURCE_TOPIC_ID)]
 
 
 def _incarnation():
@@ -204,8 +206,8 @@ def _incarnation():
     whose nearest diode was older than topic ids has none, whatever an upstream diode's headers
     say."""
     last = F.try_element_at(
-        F.filter("headers", lambda h: h["key"].isin("sourceOffset", "sourceTopicId")), F.lit(-1))
-    return F.when(last["key"] == F.lit("sourceTopicId"), last["value"].cast("string"))
+        F.filter("headers", lambda h: h["key"].isin(SOURCE_OFFSET, SOURCE_TOPIC_ID)), F.lit(-1))
+    return F.when(last["key"] == F.lit(SOURCE_TOPIC_ID), last["value"].cast("string"))
 
 
 def _header(name: str, kind: str):
@@ -399,7 +401,7 @@ def own_headers(written_at: str = "writtenAt"):
     ticket = F.when(key_at(F.lit(0)) == F.lit(TICKET_HEADER), 1).otherwise(0)
     stamp = F.when(F.lit(bool(written_at)) & (key_at(ticket) == F.lit(written_at)), 1) \
         .otherwise(0)
-    named = F.when(key_at(ticket + stamp) == F.lit("sourceTopicId"), 1).otherwise(0)
+    named = F.when(key_at(ticket + stamp) == F.lit(SOURCE_TOPIC_ID), 1).otherwise(0)
     return F.slice("headers", F.lit(1),
                    F.greatest(F.size("headers") - 3 - ticket - stamp - named, F.lit(0)))
 

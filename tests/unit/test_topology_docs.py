@@ -21,7 +21,7 @@ def test_metrics_reference_is_up_to_date():
 
 def test_events_reference_is_up_to_date():
     """Regenerate with: diode docs --events > docs/events.md"""
-    from diode.accounting import events
+    from diode.kafka import messages as events
     assert (ROOT / "docs" / "events.md").read_text() == events.reference_markdown()
 
 
@@ -29,7 +29,7 @@ def test_every_reason_the_receiver_reports_has_its_row():
     """A reason the code reports (diode.accounting.ordering's, the writer's) that the table of
     reasons lacks would reach an operator unexplained."""
     import re
-    from diode.accounting import events
+    from diode.kafka import messages as events
     code = "".join((ROOT / p).read_text() for p in ("diode/accounting/ordering.py",
                                                      "stages/kafka_writer.py"))
     reported = set(re.findall(r'Missing\([^)]*?"([a-z-]+)"\)', code)) | \
