@@ -60,9 +60,14 @@ class Event(NamedTuple):
 
     def spark_schema(self, *names: str) -> str:
         """Spark's DDL of these fields (all by default): for from_json and Parquet."""
-        spark = {"string": "string", "integer": "long", "boolean": "boolean"}
         chosen = [f for f in self.fields if not names or f.name in names]
-        return ", ".join(f"{f.name} {f.spark or spark[f.type.split('|')[0]]}" for f in chosen)
+        return ", ".join(f"{f.name} {_spark(f)}" for f in chosen)
+
+
+def _spark(field: Field) -> str:
+    """A field's Spark type: its own, or its JSON type's (an integer is a long)."""
+    return field.spark or {"string": "string", "integer": "long",
+                           "boolean": "boolean"}[field.type.split("|")[0]]
 
 
 class Reason(NamedTuple):
@@ -187,6 +192,22 @@ AUDIT = Event("audit", None, (
 
 # -- the other topics ------------------------------------------------------------------------
 
+def _struct(fields: tuple) -> str:
+    """The Spark type of a JSON object with `fields`, inside a struct<...>."""
+    return ", ".join(f"{f.name}: {_spark(f)}" for f in fields)
+
+
+LAST_SENT = (
+    Field("topic", "string", "The source topic."),
+    Field("partition", "integer", "The source partition.", spark="int"),
+    Field("offset", "integer", "The last offset the sender handed to the kernel."),
+    Field("chainStart", "integer", "Where the sender's chain started."),
+    Field("topicId", "string", "The incarnation (the source topic's id)."),
+    Field("sourceEnd", "integer", "The last offset the source held."),
+    Field("retired", "boolean", "An incarnation that went away."),
+)  # a heartbeat's lastSent items, in the order written
+_LAST_SENT_NAMES = tuple(f.name for f in LAST_SENT)
+
 HEARTBEAT = Event("heartbeat", None, (
     Field("senderTime", "integer", "The sender's clock when it sent the heartbeat (ms)."),
     Field("receivedAt", "integer", "The receiver's clock when it recorded it (ms)."),
@@ -195,9 +216,8 @@ HEARTBEAT = Event("heartbeat", None, (
     Field("sourceCluster", "string|null", "The source cluster's id."),
     Field("partitions", "integer", "How many partitions it speaks for (lastSent)."),
     Field("counters", "object", "The reader's counters (records read, sent, ...)."),
-    Field("lastSent", "array", "Per partition: topic, partition, offset (the last offset handed "
-          "to the kernel), chainStart (where the sender's chain started), topicId, sourceEnd "
-          "(the last offset the source held) and retired (an incarnation that went away)."),
+    Field("lastSent", "array", "Per partition the reader speaks for, an object: "
+          "[lastSent](#lastsent).", spark=f"array<struct<{_struct(LAST_SENT)}>>"),
 ), "Each heartbeat received, keyed by session, like MirrorMaker's heartbeats: `diode verify "
    "--heartbeat-topic` finds a lost head and tail from them.")
 
@@ -368,17 +388,65 @@ def _key(topic: str, partition: int) -> bytes:
     return f"{topic}-{partition}".encode()
 
 
+_UNSET = object()
+
+
 def range_record(kind: str, topic: str, partition: int, incarnation: bytes | None,
-                 first: int, last: int, reason: str, detected_at: int,
-                 **more) -> tuple[bytes, bytes]:
+                 first: int, last: int, reason: str, detected_at: int, *, ticket=_UNSET,
+                 state=_UNSET, opened_at=_UNSET, closed_at=_UNSET) -> tuple[bytes, bytes]:
     """(key, value) of an event of the missing-records topic: `kind` missing, filled or closed,
-    of source offsets `first`..`last` of an incarnation (None: no known one); `more`, a
-    missing event's ticket and a closed one's state and times (openedAt, closedAt)."""
+    of source offsets `first`..`last` of an incarnation (None: no known one). A missing event
+    names its `ticket` (None: a range that is no ticket), a closed one its ticket, `state`,
+    `opened_at` and `closed_at` (ms), a filled one none of these: ValueError otherwise."""
+    more = {"ticket": ticket, "state": state, "openedAt": opened_at, "closedAt": closed_at}
     event = MISSING_RECORDS_EVENT[kind].build(
         sourceTopic=topic, sourcePartition=partition,
         sourceTopicId=identity.text(incarnation) if incarnation is not None else None,
-        firstOffset=first, lastOffset=last, reason=reason, detectedAt=detected_at, **more)
+        firstOffset=first, lastOffset=last, reason=reason, detectedAt=detected_at,
+        **{k: v for k, v in more.items() if v is not _UNSET})
     return _key(topic, partition), json.dumps(event).encode()
+
+
+class RangeEvent(NamedTuple):
+    """An event of the missing-records topic as read back (range_record writes them): the
+    fields every reader needs, typed; those a kind lacks are None."""
+    kind: str                 # missing, filled or closed
+    topic: str
+    partition: int
+    topic_id: str | None      # sourceTopicId as written (identity's text); None: no incarnation
+    first: int
+    last: int
+    reason: str
+    detected_at: int
+    ticket: str | None = None
+    state: str | None = None  # of a closed one: filled, expired or untracked
+    closed_at: int | None = None
+
+    @property
+    def incarnation(self) -> bytes | None:
+        """The incarnation its sourceTopicId names; None when it names none that parses."""
+        return identity.parse(self.topic_id) if self.topic_id else None
+
+    @classmethod
+    def parse(cls, value) -> "RangeEvent | None":
+        """The event of a record's value (JSON bytes), of its JSON object already loaded, or
+        one parsed already; None for anything else (not JSON, not an object, another type, a
+        range field missing or not a number). reason, detectedAt and the closed event's fields
+        may be absent (0, "" or None then), as an older receiver's events may lack them."""
+        if isinstance(value, RangeEvent):
+            return value
+        try:
+            e = json.loads(value) if isinstance(value, (bytes, bytearray, str)) else value
+            if not isinstance(e, dict) or e.get("type") not in MISSING_RECORDS_EVENT:
+                return None
+            named, ticket, closed = e.get("sourceTopicId"), e.get("ticket"), e.get("closedAt")
+            return cls(e["type"], str(e["sourceTopic"]), int(e["sourcePartition"]),
+                       str(named) if named is not None else None, int(e["firstOffset"]),
+                       int(e["lastOffset"]), str(e.get("reason") or ""),
+                       int(e.get("detectedAt") or 0), str(ticket) if ticket else None,
+                       e.get("state"), int(closed) if closed is not None else None)
+        except (KeyError, TypeError, ValueError):
+            return None
 
 
 def audit_event(kind: str, topic: str, partition: int, topic_id: str | None, first: int,
@@ -403,8 +471,8 @@ def heartbeat_record(session: str, sender_time: int | None, received_at: int,
     return session.encode(), json.dumps(HEARTBEAT.build(
         senderTime=sender_time, receivedAt=received_at, reader=reader, session=session,
         sourceCluster=cluster, partitions=len(partitions), counters=counters,
-        lastSent=[{"topic": t, "partition": p, "offset": last, "chainStart": start,
-                   "topicId": identity.text(inc), "sourceEnd": end, "retired": retired}
+        lastSent=[dict(zip(_LAST_SENT_NAMES, (t, p, last, start, identity.text(inc), end,
+                                              retired)))
                   for t, p, inc, start, last, end, retired in partitions])).encode()
 
 
@@ -436,10 +504,10 @@ def group_checkpoint_record(group: str, source_topic: str, source_partition: int
 
 # -- docs/events.md ----------------------------------------------------------------------------
 
-def _fields(event: Event) -> list:
+def _fields(fields: tuple) -> list:
     return ["| field | type | meaning |", "| --- | --- | --- |",
             *(f"| `{f.name}` | {f.type.replace('|', ' or ')} | {f.meaning} |"
-              for f in event.fields), ""]
+              for f in fields), ""]
 
 
 def reference_markdown() -> str:
@@ -459,7 +527,10 @@ def reference_markdown() -> str:
         for event in defined:
             if len(defined) > 1:
                 out += [f"### `{event.kind}`", ""]
-            out += [event.about, "", *_fields(event)]
+            out += [event.about, "", *_fields(event.fields)]
+            if event is HEARTBEAT:
+                out += ["### `lastSent`", "", "Each item of a heartbeat's `lastSent`: what the "
+                        "sender says of one source partition.", "", *_fields(LAST_SENT)]
         if defined is MISSING_RECORDS:
             out += ["### Reasons", "",
                     "The `reason` of an event, what the receiver's log line says of it "

@@ -168,12 +168,12 @@ def reported_missing(cluster, topic: str) -> dict:
     from diode.kafka.cluster import settings_of
     found: dict = {}
     for e in recovery.all_events(settings_of(cluster), topic):
-        if e.get("type") not in ("missing", "filled") or e.get("reason") == "expired":
+        if e.kind not in ("missing", "filled") or e.reason == "expired":
             continue
-        key = (e.get("sourceTopic"), e.get("sourcePartition"), e.get("sourceTopicId"))
-        span = [(int(e["firstOffset"]), int(e["lastOffset"]))]
+        key = (e.topic, e.partition, e.topic_id)
         now = found.get(key, [])
-        found[key] = merge(now + span) if e["type"] == "missing" else subtract(now, span)
+        found[key] = merge(now + [(e.first, e.last)]) if e.kind == "missing" \
+            else subtract(now, [(e.first, e.last)])
     return found
 
 

@@ -24,8 +24,8 @@ import sys
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from diode.kafka.messages import (SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC, SOURCE_TOPIC_ID,
-                                  TICKET_HEADER)
+from diode.kafka.messages import (HEARTBEAT, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC,
+                                  SOURCE_TOPIC_ID, TICKET_HEADER)
 from diode.spark.kafka_source import choose_format, connector_jars
 
 MISSING = "array<struct<first: long, last: long>>"
@@ -329,8 +329,7 @@ def claims(beats: DataFrame) -> DataFrame:
     since topic ids; an older receiver's names none (sourceTopicId null: the claim is about
     the records without a topic id)."""
     beat = F.from_json(F.col("value").cast("string"),
-                       "struct<receivedAt: long, lastSent: array<struct<topic: string, "
-                       "partition: int, topicId: string, offset: long, chainStart: long>>>")
+                       HEARTBEAT.spark_schema("receivedAt", "lastSent"))
     latest = F.max(F.struct(F.col("s.offset").alias("lastSent"), F.col("receivedAt")))
     return (beats.select(beat["receivedAt"].alias("receivedAt"),
                          F.explode(beat["lastSent"]).alias("s"))

@@ -82,8 +82,12 @@ def test_the_receivers_records_are_the_bytes_diode_writes():
     _, filled = messages.range_record("filled", "t", 0, None, 1, 2, "late", 5)
     assert json.loads(filled)["sourceTopicId"] is None
     _, closed = messages.range_record("closed", "t", 0, X, 1, 2, "filled", 5, ticket="3f0c",
-                                      state="filled", openedAt=3, closedAt=5)
+                                      state="filled", opened_at=3, closed_at=5)
     assert list(json.loads(closed)) == list(messages.CLOSED.names)
+    with pytest.raises(ValueError, match="fields missing \\['ticket'\\]"):
+        messages.range_record("missing", "t", 0, X, 1, 2, "gap", 5)
+    with pytest.raises(ValueError, match="not defined \\['ticket'\\]"):
+        messages.range_record("filled", "t", 0, X, 1, 2, "late", 5, ticket=None)
     assert messages.digest_record("t", 1, X, 0, 9, 10, b"\x01\xff", 77, "c1", False) == (
         b"t-1", b'{"sourceTopic": "t", "sourcePartition": 1, "sourceTopicId": '
         b'"CgoKCgoKCgoKCgoKCgoKCg", "firstOffset": 0, "lastOffset": 9, "count": 10, '
@@ -97,6 +101,33 @@ def test_the_receivers_records_are_the_bytes_diode_writes():
     event = messages.audit_event("missing", "t", 2, None, 5, 6, 99, 12)
     assert list(event) == list(messages.AUDIT.names)
     assert messages.audit_record(event)[0] == b"t-2"
+
+
+def test_a_range_event_parses_from_what_the_receiver_wrote():
+    """The readers of the missing-records topic (the restart's recovery, `diode tickets`, the
+    digest audit) take its events through RangeEvent.parse: typed, and None for what is not
+    one."""
+    _, value = messages.range_record("closed", "t", 0, X, 1, 2, "filled", 5, ticket="3f0c",
+                                     state="filled", opened_at=3, closed_at=7)
+    assert messages.RangeEvent.parse(value) == messages.RangeEvent(
+        "closed", "t", 0, X_TEXT.decode(), 1, 2, "filled", 5, "3f0c", "filled", 7)
+    _, value = messages.range_record("missing", "t", 0, None, 1, 2, "gap", 5, ticket=None)
+    e = messages.RangeEvent.parse(json.loads(value))
+    assert (e.ticket, e.topic_id, e.incarnation) == (None, None, None)
+    assert messages.RangeEvent.parse(value.replace(b'"reason": "gap", ', b"")).reason == ""
+    for bad in (b"not json", b"[1]", b'{"type": "heartbeat"}', value.replace(b"0, ", b'"x", '),
+                value.replace(b'"firstOffset": 1, ', b""), None):
+        assert messages.RangeEvent.parse(bad) is None, bad
+
+
+def test_the_heartbeats_spark_schema_reads_what_the_receiver_writes():
+    """The audit reads heartbeats with the schema generated from their definition: every
+    field of lastSent, of the type written (diode.spark.verify.claims)."""
+    assert messages.HEARTBEAT.spark_schema("receivedAt", "lastSent") == (
+        "receivedAt long, lastSent array<struct<topic: string, partition: int, offset: long, "
+        "chainStart: long, topicId: string, sourceEnd: long, retired: boolean>>")
+    _, value = messages.heartbeat_record("s1", 70, 71, 0, None, {}, [("t", 1, X, 0, 9, 12, True)])
+    assert list(json.loads(value)["lastSent"][0]) == [f.name for f in messages.LAST_SENT]
 
 
 def test_a_checkpoint_names_the_group_both_sides_and_the_incarnation():
