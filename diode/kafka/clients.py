@@ -172,9 +172,9 @@ def produce_run(producer, topic: str, partition: int, run, keys: list, values: l
                 headers: list, start: int = 0) -> int:
     """Produce a run's records (diode.link.runs) from index `start` to `topic`, `partition` (-1:
     the partitioner's choice): `keys` and `values` as the run's key_list and value_list give
-    them, `headers` as messages.provenance_headers makes them. Returns the index reached: short of the end
-    when the producer's queue is full, and the next call resumes there (the columns are built
-    once per run, not per attempt). The per-record work is the produce call alone: the
+    them, `headers` as messages.provenance_headers makes them. Returns the index reached:
+    short of the end when the producer's queue is full, and the next call resumes there (the
+    columns are built once per run, not per attempt). The per-record work is the produce call alone: the
     kafka_writer's hot path, and what `diode check` measures."""
     produce = producer.produce
     done = start

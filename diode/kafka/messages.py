@@ -15,8 +15,8 @@ record), `written_at_header`, `ticket_header`, `dead_letter_headers`, and the re
 events, heartbeats, digests and group checkpoints (`range_record`, `heartbeat_record`,
 `digest_record`, `group_checkpoint_record`, `audit_event`), through `Event.build`, which refuses
 a field the definition lacks or misses. Parsed here: `Provenance.parse` (a record's headers as a
-typed value); the audits read the same headers as Spark columns through the names here
-(diode.spark.verify). The audits' Spark schemas come from `Event.spark_schema`; docs/events.md is
+typed value) and `RangeEvent.parse` (an event of the missing-records topic); the audits read the
+same headers as Spark columns through the names here (diode.spark.verify). The audits' Spark schemas come from `Event.spark_schema`; docs/events.md is
 generated from here (`diode docs --events`) and a test keeps the two equal; so are the field
 lists docs/topology.md and `diode import-connect` give. tests/unit/test_structure.py checks that
 no other module builds a header or an event. Pure: no I/O.

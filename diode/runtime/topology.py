@@ -375,8 +375,8 @@ class ReceiverSettings:
         non_negative)
     digest_topic: str = setting(
         "", "Destination topic for the sender's digests (JSON: "
-        f"{', '.join(messages.DIGEST.names)}: docs/events.md), which diode verify --digest-topic checks the destination against; "
-        "empty: not written.")
+        f"{', '.join(messages.DIGEST.names)}: docs/events.md), which diode verify "
+        "--digest-topic checks the destination against; empty: not written.")
     missing_records_topic: str = setting(
         "", "Destination topic for missing ranges, their later fills and their resend tickets' "
         f"closing (JSON events, {messages.missing_records_fields()}; every field and reason: "

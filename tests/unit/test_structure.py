@@ -7,6 +7,7 @@ names as the keys of a dict or the keywords of a call (Event.build's), so that a
 definition fails here before it drifts from the docs and the readers."""
 
 import ast
+import functools
 from pathlib import Path
 
 from diode.kafka import messages
@@ -21,8 +22,13 @@ def _module_name(path: Path) -> str:
 
 def _modules(package: str) -> dict:
     """name -> parsed module, for every module of `package` (a top-level folder)."""
-    return {_module_name(p): ast.parse(p.read_text(), str(p))
-            for p in sorted((ROOT / package).rglob("*.py"))}
+    return {_module_name(p): _tree(p) for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+@functools.cache
+def _tree(path: Path) -> ast.AST:
+    """A module's syntax tree, parsed once for all the checks here."""
+    return ast.parse(path.read_text(), str(path))
 
 
 def _imported(tree: ast.AST, module: str, known, module_level: bool) -> set:
@@ -126,7 +132,7 @@ def _built_modules():
     for path in sorted([*(ROOT / "diode").rglob("*.py"), *(ROOT / "stages").rglob("*.py")]):
         name = path.relative_to(ROOT).as_posix()
         if path != THE_MODULE and not name.startswith(NOT_YET_SWITCHED):
-            yield name, ast.parse(path.read_text(), name)
+            yield name, _tree(path)
 
 
 def _text(node) -> str | None:
