@@ -395,9 +395,9 @@ class ReceiverSettings:
         "", "Destination topic recording link liveness: one JSON record per sender heartbeat "
         "received (like MirrorMaker's heartbeats; its fields: docs/events.md); empty: none.")
     written_at_header: str = setting(
-        "writtenAt", "Header added to every destination record with the time the receiver "
-        "wrote it (milliseconds since the epoch, a UTF-8 string); with the record's source "
-        "timestamp it gives the end-to-end latency that diode verify reports. Empty: no "
+        messages.WRITTEN_AT, "Header added to every destination record with the time the "
+        "receiver wrote it (milliseconds since the epoch, a UTF-8 string); with the record's "
+        "source timestamp it gives the end-to-end latency that diode verify reports. Empty: no "
         "header.")
     journal_enabled: bool = setting(
         True, "Journal every accepted datagram (still encrypted) on local disk before it is "

@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from diode.accounting import digests as dg
-from diode.kafka.messages import DIGEST
+from diode.kafka.messages import DIGEST, WRITTEN_AT
 from diode.accounting.ranges import merge, subtract
 from diode.spark.verify import SOURCE, _origin, by_source, extract, own_headers
 
@@ -92,7 +92,7 @@ def numbered(digests: DataFrame) -> DataFrame:
     return digests.withColumn("id", F.monotonically_increasing_id()).localCheckpoint()
 
 
-def place(rows: DataFrame, d: DataFrame, written_at: str = "writtenAt") -> DataFrame:
+def place(rows: DataFrame, d: DataFrame, written_at: str = WRITTEN_AT) -> DataFrame:
     """Every destination row (Kafka rows) as (topic, partition, offset, SOURCE, sourceOffset,
     id, h): its provenance (nulls where it has none), the `id` of each `numbered` digest range
     that covers it (one row per range; null: none does) and its record hash `h` as the sender
@@ -120,7 +120,7 @@ def judge(placed: DataFrame, d: DataFrame) -> DataFrame:
         .orderBy(*SOURCE, "firstOffset")
 
 
-def check(rows: DataFrame, digests: DataFrame, written_at: str = "writtenAt") -> DataFrame:
+def check(rows: DataFrame, digests: DataFrame, written_at: str = WRITTEN_AT) -> DataFrame:
     """`judge` of the destination rows (Kafka rows) against the digests, in one go."""
     d = numbered(digests)
     return judge(place(rows, d, written_at), d)

@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from diode.kafka.messages import (HEARTBEAT, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC,
-                                  SOURCE_TOPIC_ID, TICKET_HEADER)
+                                  SOURCE_TOPIC_ID, TICKET_HEADER, WRITTEN_AT)
 from diode.spark.kafka_source import choose_format, connector_jars
 
 MISSING = "array<struct<first: long, last: long>>"
@@ -157,7 +157,7 @@ def extract_topic_ids(cluster, topics: list) -> dict:
 
 # -- transform -----------------------------------------------------------------------------------
 
-def provenance(rows: DataFrame, written_at: str = "writtenAt") -> DataFrame:
+def provenance(rows: DataFrame, written_at: str = WRITTEN_AT) -> DataFrame:
     """Destination rows reduced to what the audit needs: where each record sits (topic, partition,
     offset), where it came from (sourceTopic, sourcePartition, sourceOffset, and the incarnation
     sourceTopicId: null for records of a diode older than topic ids), when the receiver wrote
@@ -167,7 +167,7 @@ def provenance(rows: DataFrame, written_at: str = "writtenAt") -> DataFrame:
     return of_provenance(read_provenance(rows, written_at))
 
 
-def read_provenance(rows: DataFrame, written_at: str = "writtenAt") -> DataFrame:
+def read_provenance(rows: DataFrame, written_at: str = WRITTEN_AT) -> DataFrame:
     """`provenance`'s columns of every row read, those without provenance too (null
     sourceOffset): what the audit keeps of a read, and what tells how far the read went."""
     stamp = _header(written_at, "long") if written_at else F.lit(None).cast("long")
@@ -347,7 +347,7 @@ def latency(p: DataFrame) -> dict:
     return {"p50": q[0], "p90": q[1], "p99": q[2], "max": row["m"]}
 
 
-def compare(source: DataFrame, destination: DataFrame, written_at: str = "writtenAt",
+def compare(source: DataFrame, destination: DataFrame, written_at: str = WRITTEN_AT,
             current: dict | None = None) -> DataFrame:
     """Record by record, against the source cluster (soak tests, pre-production): per source
     partition, records lost (in the source, not in the destination), duplicated (written more
@@ -391,7 +391,7 @@ def compare(source: DataFrame, destination: DataFrame, written_at: str = "writte
         .orderBy("sourceTopic", "sourcePartition"))
 
 
-def own_headers(written_at: str = "writtenAt"):
+def own_headers(written_at: str = WRITTEN_AT):
     """A destination record's own headers: the source's, in order, without those the receiver
     appends after them: provenance (sourceTopic, sourcePartition, sourceOffset, then
     sourceTopicId since topic ids), `written_at`, and on a resent record diodeTicket."""
