@@ -91,8 +91,8 @@ def cmd_docs(args) -> int:
         from diode.runtime import metrics
         print(metrics.reference_markdown(), end="")
     elif args.events:
-        from diode.accounting import events
-        print(events.reference_markdown(), end="")
+        from diode.kafka import messages
+        print(messages.reference_markdown(), end="")
     else:
         print(topo.reference_markdown(), end="")
     return 0

@@ -23,6 +23,7 @@ from diode.link import codec, crypto, fec, fragments, runs, wire
 from diode.runtime import transport
 from diode.link.batching import DatagramBuilder
 from diode.kafka.clients import admin_config, client_settings, create_topic, producer_config
+from diode.kafka.messages import sender_dead_letter_headers
 from diode.link.records import provenance_headers
 from diode.runtime.worker import Stage as BaseStage
 
@@ -258,9 +259,9 @@ class Stage(BaseStage):
                              name="dead-letter-topic", daemon=True).start()
             self.dlq = Producer(producer_config(client_settings(self.t, "sender"), **{
                 "message.max.bytes": 1_000_000_000}))  # whatever the source cluster held
-        headers = provenance_headers(record) + [
-            ("diodeError", f"record of {size} bytes exceeds sender.max.record.bytes "
-                           f"{self.t.sender.max_record_bytes}".encode())]
+        headers = sender_dead_letter_headers(
+            provenance_headers(record), f"record of {size} bytes exceeds "
+            f"sender.max.record.bytes {self.t.sender.max_record_bytes}")
 
         def delivered(err, msg, tag=tag, record=record):
             if err is None:

@@ -1,7 +1,7 @@
 """Why a range of source offsets is reported missing, filled or closed: every reason, once.
 
 A reason is the `reason` field of an event on receiver.missing.records.topic (the event types in
-diode.accounting.events) and the text in parentheses of the receiver's log line "missing t[p]
+diode.kafka.messages) and the text in parentheses of the receiver's log line "missing t[p]
 offsets a..b (MEANING)". The names below are the only spellings of them in the code: where a
 missing range is decided (diode.accounting.ordering) picks GAP, TAIL, RECEIVER_DOWN or
 SOURCE_RESET; the writer's reporter (diode.writer.reporter) adds EXPIRED, REFUSED and LATE, and

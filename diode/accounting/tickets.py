@@ -33,8 +33,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from diode.accounting import reasons
-
-HEADER = "diodeTicket"   # the header of a resent record: the ticket it fills
+from diode.kafka.messages import RangeEvent
 MANIFEST_LABEL = b"diode resend manifest v1"
 STATES = ("open", *reasons.TICKET_CLOSED)
 
@@ -196,24 +195,22 @@ class Book:
     def __init__(self):
         self.tickets: dict = {}  # id -> Ticket
 
-    def add(self, event: dict) -> None:
-        kind, tid = event.get("type"), event.get("ticket")
-        if not tid or kind not in ("missing", "closed"):
+    def add(self, event) -> None:
+        """One event (a RangeEvent, or what RangeEvent.parse takes; anything else is passed
+        over)."""
+        e = RangeEvent.parse(event)
+        if e is None or not e.ticket or e.kind not in ("missing", "closed"):
             return
-        known = self.tickets.get(tid)
-        if kind == "missing":
-            if event.get("reason") == reasons.EXPIRED:
+        known = self.tickets.get(e.ticket)
+        if e.kind == "missing":
+            if e.reason == reasons.EXPIRED:
                 if known is not None and known.state == "open":
-                    self.tickets[tid] = known._replace(at_risk=True)
+                    self.tickets[e.ticket] = known._replace(at_risk=True)
             elif known is None:
-                self.tickets[tid] = Ticket(
-                    tid, str(event["sourceTopic"]), int(event["sourcePartition"]),
-                    event.get("sourceTopicId"), int(event["firstOffset"]),
-                    int(event["lastOffset"]), str(event.get("reason", "")),
-                    int(event.get("detectedAt") or 0))
-        elif known is not None and event.get("state") in STATES[1:]:
-            self.tickets[tid] = known._replace(state=event["state"],
-                                               closed_ms=int(event.get("closedAt") or 0))
+                self.tickets[e.ticket] = Ticket(e.ticket, e.topic, e.partition, e.topic_id,
+                                                e.first, e.last, e.reason, e.detected_at)
+        elif known is not None and e.state in STATES[1:]:
+            self.tickets[e.ticket] = known._replace(state=e.state, closed_ms=e.closed_at or 0)
 
     def select(self, which: str = "all") -> list:
         """Tickets by state ("open", "closed" or "all"), oldest first."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from diode.connect_import.properties import (SIDE_OF, SINK, SOURCE, Config, PropertiesError,
                                              assign_roles, shown)
 from diode.link.path import ETHERNET_DATAGRAM, MAX_UDP_PAYLOAD
+from diode.kafka import messages
 from diode.runtime.topology import SECRET_KAFKA_KEYS
 
 DEFAULT_PASSWORD_FILE = "secrets/diode.password"
@@ -304,8 +305,8 @@ def _take_source(d: _Draft, cfg: Config, key: str, value: str) -> bool:
     elif key == "missing.records.topic":
         d.values["receiver.missing.records.topic"] = value.strip()
         d.notes.append("receiver.missing.records.topic gets one JSON record per missing range "
-                       "(sourceTopic, sourcePartition, firstOffset, lastOffset, reason, "
-                       "detectedAt) and one per late fill, exact rather than best effort")
+                       "and one per late fill, exact rather than best effort "
+                       f"({messages.missing_records_fields()}: docs/events.md)")
     elif key.startswith("missing.records."):
         sub = key.removeprefix("missing.records.")
         if sub.startswith(CONNECTION_KEYS):

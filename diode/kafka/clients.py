@@ -8,7 +8,6 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import NewPartitions, NewTopic
 
 from diode.errors import SecretError
-from diode.kafka import identity
 from diode.link.records import partition_owner
 from diode.runtime.topology import REFERENCE, Topology
 
@@ -161,27 +160,14 @@ def raise_partitions(admin, topic: str, partitions: int, timeout: float = 15.0) 
                             operation_timeout=timeout)[topic].result(timeout + 5)
 
 
-def record_headers(run, own, extra=()) -> list:
-    """Each record's headers as produced: its own (`own`, as the run's header_lists gives them,
-    or None), the provenance (sourceTopic, sourcePartition, sourceOffset as Confluent's
-    connector writes them, and sourceTopicId: the incarnation, diode.kafka.identity), then
-    `extra`. One list per record, built in one display (no concatenations)."""
-    st, sp = ("sourceTopic", run.topic.encode()), ("sourcePartition", b"%d" % run.partition)
-    si = ("sourceTopicId", identity.text(run.incarnation).encode())
-    if own is None:
-        return [[st, sp, ("sourceOffset", b"%d" % o), si, *extra] for o in run.offsets]
-    return [[*mine, st, sp, ("sourceOffset", b"%d" % o), si, *extra]
-            for mine, o in zip(own, run.offsets)]
-
-
 def produce_run(producer, topic: str, partition: int, run, keys: list, values: list,
                 headers: list, start: int = 0) -> int:
     """Produce a run's records (diode.link.runs) from index `start` to `topic`, `partition` (-1:
     the partitioner's choice): `keys` and `values` as the run's key_list and value_list give
-    them, `headers` as record_headers makes them. Returns the index reached: short of the end
-    when the producer's queue is full, and the next call resumes there (the columns are built
-    once per run, not per attempt). The per-record work is the produce call alone: the
-    kafka_writer's hot path, and what `diode check` measures."""
+    them, `headers` as messages.provenance_headers makes them. Returns the index reached:
+    short of the end when the producer's queue is full, and the next call resumes there (the
+    columns are built once per run, not per attempt). The per-record work is the produce call
+    alone: the kafka_writer's hot path, and what `diode check` measures."""
     produce = producer.produce
     done = start
     columns = (islice(c, start, None) for c in (values, keys, headers, run.timestamps))

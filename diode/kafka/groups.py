@@ -9,8 +9,9 @@ consumer moved to the low side resumes where it stopped on the high side.
   partition, whose source offset is C or more. When there is none yet, it becomes the offset
   just after the last record of that incarnation whose source offset is below C.
 - `apply` (receiver, destination cluster): commits translated offsets for the group, only
-  forward, and only while the group has no active members there; `checkpoint_record` is what
-  is written to the checkpoints topic instead when it has.
+  forward, and only while the group has no active members there; a checkpoint
+  (diode.kafka.messages.group_checkpoint_record) is written to the checkpoints topic instead
+  when it has.
 
 Why "the first record at or after C": a committed offset C means "every record before C is
 processed, C is the next to read". Source offsets are not contiguous (compaction, transaction
@@ -40,17 +41,15 @@ it). The partition's end is read to the true end (Tansu's ListOffsets "latest" i
 diode.kafka.recovery).
 """
 
-import json
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from confluent_kafka import ConsumerGroupState, ConsumerGroupTopicPartitions, KafkaError, \
     KafkaException, TopicPartition
 
-from diode.accounting import tickets
 from diode.kafka import identity
+from diode.kafka.messages import Provenance
 from diode.kafka.recovery import _Reader
 
 log = logging.getLogger("diode.kafka.groups")
@@ -217,17 +216,10 @@ def provenance(offset: int, headers) -> tuple[int, bytes, int, int] | None:
     record with provenance headers; None for one without them (written by someone else) and
     for a resent one (diodeTicket: written out of order). A record naming no incarnation
     (written by a diode before incarnations) has incarnation b""."""
-    if not headers:
+    p = Provenance.parse(headers)
+    if p is None or p.ticket is not None:
         return None
-    h = dict(headers)
-    if tickets.HEADER in h:
-        return None
-    try:
-        partition, source_offset = int(h["sourcePartition"]), int(h["sourceOffset"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    named = h.get("sourceTopicId")
-    return offset, (identity.parse(named) or b"") if named else b"", partition, source_offset
+    return offset, p.incarnation or b"", p.partition, p.offset
 
 
 def newer_incarnations(tail: list, incarnation: bytes) -> set[bytes]:
@@ -358,22 +350,3 @@ def _active(result: Applied, offsets: dict) -> Applied:
     result.committed = {}
     result.left.update({tp: (o, ACTIVE, None) for tp, o in offsets.items()})
     return result
-
-
-def checkpoint_record(group: str, source_topic: str, source_partition: int, source_offset: int,
-                      destination_topic: str, destination_partition: int,
-                      destination_offset: int, incarnation: bytes,
-                      now_ms: int | None = None) -> tuple[bytes, bytes]:
-    """(key, value) of the checkpoints-topic record for a group whose translated offset was not
-    committed (it has active members on the destination): JSON, with MirrorMaker 2's checkpoint
-    fields (consumerGroupId, topic and partition: the destination's, upstreamOffset: the source
-    commit, downstreamOffset: its translation) and the source's topic, partition and id. Keyed
-    by group, topic and partition, so a compacted topic keeps the last of each."""
-    key = {"consumerGroupId": group, "topic": destination_topic,
-           "partition": destination_partition}
-    value = {**key, "upstreamOffset": source_offset, "downstreamOffset": destination_offset,
-             "sourceTopic": source_topic, "sourcePartition": source_partition,
-             "sourceTopicId": identity.text(incarnation),
-             "time": int(time.time() * 1000) if now_ms is None else now_ms}
-    return (json.dumps(key, separators=(",", ":")).encode(),
-            json.dumps(value, separators=(",", ":")).encode())

@@ -32,7 +32,7 @@ from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, 
                                    ResourceType)
 
 from diode.errors import DiodeError
-from diode.kafka import groups
+from diode.kafka import groups, messages
 from diode.kafka.clients import admin_config, create_topic, producer_config, raise_partitions
 from diode.kafka.preparer import CREATE_TIMEOUT, describe
 from diode.kafka.refresh import REQUEST_TIMEOUT, Looker, hand, topic_configs
@@ -290,8 +290,9 @@ class MetadataSync(Looker):
                                          f"{topic}[{partition}] at {offset})"))
         if self.r.group_checkpoints_topic:
             for (dest, partition), (topic, sp, incarnation, offset, at) in translated.items():
-                self._checkpoint(*groups.checkpoint_record(
-                    group, topic, sp, offset, dest, partition, at, incarnation))
+                self._checkpoint(*messages.group_checkpoint_record(
+                    group, topic, sp, offset, dest, partition, at, incarnation,
+                    int(time.time() * 1000)))
             self._producer.flush(REQUEST_TIMEOUT)
             if applied is None or applied.active:
                 done.append(("group_checkpoint", f"{len(translated)} offset(s) to "

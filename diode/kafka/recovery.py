@@ -20,7 +20,6 @@ high watermark: Tansu's ListOffsets "latest" is the first offset of the last bat
 (docs/design.md §8), so the records after it are read too.
 """
 
-import json
 import logging
 import time
 import uuid
@@ -28,8 +27,8 @@ import uuid
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from diode.errors import DiodeError
-from diode.kafka import identity
 from diode.kafka.clients import admin_config
+from diode.kafka.messages import Provenance, RangeEvent
 from diode.accounting.ranges import merge
 
 log = logging.getLogger("diode.kafka.recovery")
@@ -58,8 +57,6 @@ def last_written(settings: dict, destination_topic: str, wanted: set[tuple[str, 
     wanted = set(wanted)
     if not wanted:
         return {}
-    names = {(t.encode(), b"%d" % p, identity.text(inc).encode()): (t, p, inc)
-             for t, p, inc in wanted}
     best: dict[tuple[str, int, bytes], int] = {}
     with _Reader(settings, timeout) as r:
         count = r.partitions(destination_topic)
@@ -73,20 +70,14 @@ def last_written(settings: dict, destination_topic: str, wanted: set[tuple[str, 
         def take(dp: int, msgs: list) -> None:
             here = pending[dp]
             for m in msgs:
-                h = m.headers()
-                if not h:
+                p = Provenance.parse(m.headers())
+                if p is None:
+                    continue  # (not written by diode)
+                pair = (p.topic, p.partition, p.incarnation)
+                if pair not in wanted:
                     continue
-                h = dict(h)
-                pair = names.get((h.get("sourceTopic"), h.get("sourcePartition"),
-                                  h.get("sourceTopicId")))
-                if pair is None:
-                    continue
-                try:
-                    offset = int(h["sourceOffset"])
-                except (KeyError, TypeError, ValueError):
-                    continue  # not a provenance header diode wrote
-                if offset > best.get(pair, -1):
-                    best[pair] = offset
+                if p.offset > best.get(pair, -1):
+                    best[pair] = p.offset
                 here.discard(pair)
 
         scans = {dp: _Backward(*r.watermarks(destination_topic, dp), max_scan)
@@ -117,17 +108,13 @@ def last_reported(settings: dict, missing_topic: str, since_ms: int | None = Non
         for m in msgs:
             if since_ms is not None and m.timestamp()[1] < since_ms:
                 continue
-            try:
-                e = json.loads(m.value())
-                if e.get("type") != "missing":
-                    continue
-                incarnation = identity.parse(str(e.get("sourceTopicId") or ""))
-                if incarnation is None:
-                    continue  # (reported by a diode before incarnations: not this one's)
-                pair = (str(e["sourceTopic"]), int(e["sourcePartition"]), incarnation)
-                found.setdefault(pair, []).append((int(e["firstOffset"]), int(e["lastOffset"])))
-            except (TypeError, ValueError, KeyError, AttributeError):
+            e = RangeEvent.parse(m.value())
+            if e is None:
                 skipped += 1
+            elif e.kind == "missing" and e.incarnation is not None:
+                # (an event naming no incarnation: reported by a diode before incarnations)
+                found.setdefault((e.topic, e.partition, e.incarnation), []).append(
+                    (e.first, e.last))
 
     with _Reader(settings, timeout) as r:
         count = r.partitions(missing_topic)
@@ -148,22 +135,21 @@ def last_reported(settings: dict, missing_topic: str, since_ms: int | None = Non
     return {pair: [list(rg) for rg in merge(ranges)] for pair, ranges in sorted(found.items())}
 
 
-def all_events(settings: dict, missing_topic: str, timeout: float = 30.0) -> list[dict]:
+def all_events(settings: dict, missing_topic: str,
+               timeout: float = 30.0) -> list[RangeEvent]:
     """Every event of the missing-records topic still held, each partition's in order (a
-    source partition's events are all in one), to the true end; records that are not events
-    are counted in a warning. A missing topic: []."""
+    source partition's events are all in one), to the true end, parsed; records that are not
+    events are counted in a warning. A missing topic: []."""
     events, skipped = [], 0
 
     def take(dp: int, msgs: list) -> None:
         nonlocal skipped
         for m in msgs:
-            try:
-                e = json.loads(m.value())
-                if not isinstance(e, dict):
-                    raise ValueError(e)
-                events.append(e)
-            except (TypeError, ValueError):
+            e = RangeEvent.parse(m.value())
+            if e is None:
                 skipped += 1
+            else:
+                events.append(e)
 
     with _Reader(settings, timeout) as r:
         count = r.partitions(missing_topic)

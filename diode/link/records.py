@@ -4,7 +4,8 @@ diode.link.runs), and which writer owns a source partition."""
 from typing import NamedTuple
 import zlib
 
-from diode.kafka.identity import NO_INCARNATION, text
+from diode.kafka import messages
+from diode.kafka.identity import NO_INCARNATION
 
 # confluent_kafka's TIMESTAMP_NOT_AVAILABLE, TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME
 TIMESTAMP_NOT_AVAILABLE = 0
@@ -33,16 +34,12 @@ class Record(NamedTuple):
 
 
 def provenance_headers(record: Record) -> list:
-    """The record's own headers plus sourceTopic/sourcePartition/sourceOffset (UTF-8 strings)
-    and sourceTopicId (its incarnation, when known)."""
-    return [
-        *record.headers,
-        ("sourceTopic", record.topic.encode()),
-        ("sourcePartition", str(record.partition).encode()),
-        ("sourceOffset", str(record.offset).encode()),
-        *([("sourceTopicId", text(record.incarnation).encode())]
-          if record.incarnation != NO_INCARNATION else []),
-    ]
+    """The record's own headers plus its provenance, as diode.kafka.messages.provenance_headers
+    builds them (sourceTopicId only when its incarnation is known)."""
+    return messages.provenance_headers(
+        record.topic, record.partition,
+        record.incarnation if record.incarnation != NO_INCARNATION else None,
+        (record.offset,), (record.headers,))[0]
 
 
 def partition_owner(topic: str | bytes, partition: int, owners: int) -> int:

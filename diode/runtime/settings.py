@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from diode.accounting import events
+from diode.kafka import messages
 from diode.link import admission
 from diode.link.path import MAX_UDP_PAYLOAD
 
@@ -370,14 +370,13 @@ class ReceiverSettings:
         "partition's wait, at most once per wait, up to this. Equal to reorder.wait.ms: never.",
         non_negative)
     digest_topic: str = setting(
-        "", f"Destination topic for the sender's digests (JSON: {', '.join(events.DIGEST.names)}: "
-        "docs/events.md), which diode verify --digest-topic checks the destination against; "
-        "empty: not written.")
+        "", "Destination topic for the sender's digests (JSON: "
+        f"{', '.join(messages.DIGEST.names)}: docs/events.md), which diode verify "
+        "--digest-topic checks the destination against; empty: not written.")
     missing_records_topic: str = setting(
         "", "Destination topic for missing ranges, their later fills and their resend tickets' "
-        f"closing (JSON events, type missing: {', '.join(events.MISSING.names)}; filled: the "
-        f"same without ticket; closed: with {', '.join(events.CLOSED.names[-3:])}; every field "
-        "and reason: docs/events.md); empty: log only, and no resend tickets.")
+        f"closing (JSON events, {messages.missing_records_fields()}; every field and reason: "
+        "docs/events.md); empty: log only, and no resend tickets.")
     resend_margin_records: int = setting(
         100000, "A missing range is at risk when the source's log start (as the sender last "
         "looked) is within this many offsets of it: retention deletes it next, so resend it "
@@ -392,9 +391,9 @@ class ReceiverSettings:
         "", "Destination topic recording link liveness: one JSON record per sender heartbeat "
         "received (like MirrorMaker's heartbeats; its fields: docs/events.md); empty: none.")
     written_at_header: str = setting(
-        "writtenAt", "Header added to every destination record with the time the receiver "
-        "wrote it (milliseconds since the epoch, a UTF-8 string); with the record's source "
-        "timestamp it gives the end-to-end latency that diode verify reports. Empty: no "
+        messages.WRITTEN_AT, "Header added to every destination record with the time the "
+        "receiver wrote it (milliseconds since the epoch, a UTF-8 string); with the record's "
+        "source timestamp it gives the end-to-end latency that diode verify reports. Empty: no "
         "header.")
     journal_enabled: bool = setting(
         True, "Journal every accepted datagram (still encrypted) on local disk before it is "

@@ -29,7 +29,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from diode.accounting.events import MISSING
+from diode.kafka.messages import MISSING, WRITTEN_AT
 from diode.spark import verify
 from diode.soak.traffic import CRC_HEADER
 
@@ -156,7 +156,7 @@ def missing_ranges(rec: DataFrame) -> DataFrame:
 
 
 def run(*, source: str, topics: list, destination: str, dest_pattern: str, missing_topic: str,
-        started_ms: int, written_at: str = "writtenAt", fmt: str = "auto",
+        started_ms: int, written_at: str = WRITTEN_AT, fmt: str = "auto",
         master: str | None = None, digest_topic: str = "") -> dict:
     """The verdict's counts, every range of records not written (missing_ranges, as
     dicts), latency per BUCKET_SECONDS bucket and overall, and the sender's digests checked as

@@ -11,6 +11,8 @@ import re
 import sys
 import time
 
+from diode.kafka.messages import WRITTEN_AT
+
 
 def main(args) -> int:
     """`diode verify`: exit 0 when nothing is missing (or lost, altered, incomplete or
@@ -213,7 +215,7 @@ def add_arguments(p) -> None:
     p.add_argument("--prefix", default="", help="destination topic prefix (receiver.topic.prefix)")
     p.add_argument("--pattern", help="destination topics by regular expression instead")
     p.add_argument("--heartbeat-topic", help="receiver.heartbeat.topic, for the missing tail")
-    p.add_argument("--written-at-header", default="writtenAt",
+    p.add_argument("--written-at-header", default=WRITTEN_AT,
                    help="receiver.written.at.header, for latency ('' for none)")
     p.add_argument("--digest-topic", help="receiver.digest.topic: check every range the sender "
                    "digested (verified, altered, incomplete) without the source cluster, and "

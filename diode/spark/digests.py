@@ -31,7 +31,7 @@ from pyspark.sql import types as T
 
 from diode.accounting import digests as dg
 from diode.accounting import reasons
-from diode.accounting.events import DIGEST
+from diode.kafka.messages import DIGEST, WRITTEN_AT
 from diode.accounting.ranges import merge, subtract
 from diode.spark.verify import SOURCE, _origin, by_source, extract, own_headers
 
@@ -93,7 +93,7 @@ def numbered(digests: DataFrame) -> DataFrame:
     return digests.withColumn("id", F.monotonically_increasing_id()).localCheckpoint()
 
 
-def place(rows: DataFrame, d: DataFrame, written_at: str = "writtenAt") -> DataFrame:
+def place(rows: DataFrame, d: DataFrame, written_at: str = WRITTEN_AT) -> DataFrame:
     """Every destination row (Kafka rows) as (topic, partition, offset, SOURCE, sourceOffset,
     id, h): its provenance (nulls where it has none), the `id` of each `numbered` digest range
     that covers it (one row per range; null: none does) and its record hash `h` as the sender
@@ -121,7 +121,7 @@ def judge(placed: DataFrame, d: DataFrame) -> DataFrame:
         .orderBy(*SOURCE, "firstOffset")
 
 
-def check(rows: DataFrame, digests: DataFrame, written_at: str = "writtenAt") -> DataFrame:
+def check(rows: DataFrame, digests: DataFrame, written_at: str = WRITTEN_AT) -> DataFrame:
     """`judge` of the destination rows (Kafka rows) against the digests, in one go."""
     d = numbered(digests)
     return judge(place(rows, d, written_at), d)
@@ -169,12 +169,12 @@ def reported_missing(cluster, topic: str) -> dict:
     from diode.kafka.cluster import settings_of
     found: dict = {}
     for e in recovery.all_events(settings_of(cluster), topic):
-        if e.get("type") not in ("missing", "filled") or e.get("reason") == reasons.EXPIRED:
+        if e.kind not in ("missing", "filled") or e.reason == reasons.EXPIRED:
             continue
-        key = (e.get("sourceTopic"), e.get("sourcePartition"), e.get("sourceTopicId"))
-        span = [(int(e["firstOffset"]), int(e["lastOffset"]))]
+        key = (e.topic, e.partition, e.topic_id)
         now = found.get(key, [])
-        found[key] = merge(now + span) if e["type"] == "missing" else subtract(now, span)
+        found[key] = merge(now + [(e.first, e.last)]) if e.kind == "missing" \
+            else subtract(now, [(e.first, e.last)])
     return found
 
 

@@ -22,13 +22,13 @@ import time
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from diode.accounting.events import AUDIT
+from diode.kafka.messages import AUDIT, audit_event, audit_record
 from diode.accounting.ledger import PartitionLedger
 from diode.runtime import files
 from diode.spark.verify import (_quantiles, claims, kafka_reader, pattern_of, provenance, say,
                                 session, summarize)
 
-EVENT_SCHEMA = AUDIT.spark_schema()  # (diode.accounting.events: the columns of --missing-parquet)
+EVENT_SCHEMA = AUDIT.spark_schema()  # (diode.kafka.messages: the columns of --missing-parquet)
 
 
 # -- the driver's side: ledgers, events, checkpoint ----------------------------------------------
@@ -110,9 +110,7 @@ class StreamAudit:
     @staticmethod
     def _event(kind, key, r, now, batch_id) -> dict:
         topic, partition, topic_id = key
-        return AUDIT.build(type=kind, sourceTopic=topic, sourcePartition=partition,
-                           sourceTopicId=topic_id, firstOffset=r[0], lastOffset=r[1],
-                           reason="audit", detectedAt=now, batch=batch_id)
+        return audit_event(kind, topic, partition, topic_id, r[0], r[1], now, batch_id)
 
     def _save(self, batch_id: int) -> None:
         # replaced whole: a crash leaves the old ledger or the new one
@@ -163,9 +161,8 @@ class KafkaSink:
 
     def __call__(self, events: list) -> None:
         for e in events:
-            self.producer.produce(
-                self.topic, key=f"{e['sourceTopic']}-{e['sourcePartition']}".encode(),
-                value=json.dumps(e).encode(), on_delivery=self._delivered)
+            key, value = audit_record(e)
+            self.producer.produce(self.topic, key=key, value=value, on_delivery=self._delivered)
             self.producer.poll(0)
         if self.producer.flush(30) or self.failures:
             raise RuntimeError(f"could not write missing-range events to {self.topic} on "

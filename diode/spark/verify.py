@@ -24,7 +24,8 @@ import sys
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from diode.accounting.tickets import HEADER as TICKET_HEADER
+from diode.kafka.messages import (HEARTBEAT, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC,
+                                  SOURCE_TOPIC_ID, TICKET_HEADER, WRITTEN_AT)
 from diode.spark.kafka_source import choose_format, connector_jars
 
 MISSING = "array<struct<first: long, last: long>>"
@@ -156,7 +157,7 @@ def extract_topic_ids(cluster, topics: list) -> dict:
 
 # -- transform -----------------------------------------------------------------------------------
 
-def provenance(rows: DataFrame, written_at: str = "writtenAt") -> DataFrame:
+def provenance(rows: DataFrame, written_at: str = WRITTEN_AT) -> DataFrame:
     """Destination rows reduced to what the audit needs: where each record sits (topic, partition,
     offset), where it came from (sourceTopic, sourcePartition, sourceOffset, and the incarnation
     sourceTopicId: null for records of a diode older than topic ids), when the receiver wrote
@@ -166,7 +167,7 @@ def provenance(rows: DataFrame, written_at: str = "writtenAt") -> DataFrame:
     return of_provenance(read_provenance(rows, written_at))
 
 
-def read_provenance(rows: DataFrame, written_at: str = "writtenAt") -> DataFrame:
+def read_provenance(rows: DataFrame, written_at: str = WRITTEN_AT) -> DataFrame:
     """`provenance`'s columns of every row read, those without provenance too (null
     sourceOffset): what the audit keeps of a read, and what tells how far the read went."""
     stamp = _header(written_at, "long") if written_at else F.lit(None).cast("long")
@@ -192,11 +193,12 @@ def offsets_read(rows: DataFrame) -> dict:
 
 def _origin() -> list:
     """sourceTopic, sourcePartition, sourceOffset, sourceTopicId columns from the provenance
-    headers (sourceTopicId null when absent)."""
-    return [_header("sourceTopic", "string").alias("sourceTopic"),
-            _header("sourcePartition", "int").alias("sourcePartition"),
-            _header("sourceOffset", "long").alias("sourceOffset"),
-            _incarnation().alias("sourceTopicId")]
+    headers (sourceTopicId null when absent): the audit's reading of the headers
+    diode.kafka.messages defines, taken as its Provenance.parse takes them."""
+    return [_header(SOURCE_TOPIC, "string").alias(SOURCE_TOPIC),
+            _header(SOURCE_PARTITION, "int").alias(SOURCE_PARTITION),
+            _header(SOURCE_OFFSET, "long").alias(SOURCE_OFFSET),
+            _incarnation().alias(SOURCE_TOPIC_ID)]
 
 
 def _incarnation():
@@ -204,8 +206,8 @@ def _incarnation():
     whose nearest diode was older than topic ids has none, whatever an upstream diode's headers
     say."""
     last = F.try_element_at(
-        F.filter("headers", lambda h: h["key"].isin("sourceOffset", "sourceTopicId")), F.lit(-1))
-    return F.when(last["key"] == F.lit("sourceTopicId"), last["value"].cast("string"))
+        F.filter("headers", lambda h: h["key"].isin(SOURCE_OFFSET, SOURCE_TOPIC_ID)), F.lit(-1))
+    return F.when(last["key"] == F.lit(SOURCE_TOPIC_ID), last["value"].cast("string"))
 
 
 def _header(name: str, kind: str):
@@ -327,8 +329,7 @@ def claims(beats: DataFrame) -> DataFrame:
     since topic ids; an older receiver's names none (sourceTopicId null: the claim is about
     the records without a topic id)."""
     beat = F.from_json(F.col("value").cast("string"),
-                       "struct<receivedAt: long, lastSent: array<struct<topic: string, "
-                       "partition: int, topicId: string, offset: long, chainStart: long>>>")
+                       HEARTBEAT.spark_schema("receivedAt", "lastSent"))
     latest = F.max(F.struct(F.col("s.offset").alias("lastSent"), F.col("receivedAt")))
     return (beats.select(beat["receivedAt"].alias("receivedAt"),
                          F.explode(beat["lastSent"]).alias("s"))
@@ -346,7 +347,7 @@ def latency(p: DataFrame) -> dict:
     return {"p50": q[0], "p90": q[1], "p99": q[2], "max": row["m"]}
 
 
-def compare(source: DataFrame, destination: DataFrame, written_at: str = "writtenAt",
+def compare(source: DataFrame, destination: DataFrame, written_at: str = WRITTEN_AT,
             current: dict | None = None) -> DataFrame:
     """Record by record, against the source cluster (soak tests, pre-production): per source
     partition, records lost (in the source, not in the destination), duplicated (written more
@@ -390,7 +391,7 @@ def compare(source: DataFrame, destination: DataFrame, written_at: str = "writte
         .orderBy("sourceTopic", "sourcePartition"))
 
 
-def own_headers(written_at: str = "writtenAt"):
+def own_headers(written_at: str = WRITTEN_AT):
     """A destination record's own headers: the source's, in order, without those the receiver
     appends after them: provenance (sourceTopic, sourcePartition, sourceOffset, then
     sourceTopicId since topic ids), `written_at`, and on a resent record diodeTicket."""
@@ -399,7 +400,7 @@ def own_headers(written_at: str = "writtenAt"):
     ticket = F.when(key_at(F.lit(0)) == F.lit(TICKET_HEADER), 1).otherwise(0)
     stamp = F.when(F.lit(bool(written_at)) & (key_at(ticket) == F.lit(written_at)), 1) \
         .otherwise(0)
-    named = F.when(key_at(ticket + stamp) == F.lit("sourceTopicId"), 1).otherwise(0)
+    named = F.when(key_at(ticket + stamp) == F.lit(SOURCE_TOPIC_ID), 1).otherwise(0)
     return F.slice("headers", F.lit(1),
                    F.greatest(F.size("headers") - 3 - ticket - stamp - named, F.lit(0)))
 

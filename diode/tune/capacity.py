@@ -30,7 +30,8 @@ from confluent_kafka import Producer
 from diode.link import codec, crypto, runs, wire
 from diode.link.batching import DatagramBuilder
 from diode.runtime.journal import Journal
-from diode.kafka.clients import produce_run, record_headers
+from diode.kafka.clients import produce_run
+from diode.kafka.messages import provenance_headers
 from diode.accounting.ordering import PartitionState
 from diode.link.path import DATAGRAM_BUFFER, IPV4_UDP
 from diode.link.records import Record
@@ -167,7 +168,9 @@ def measure_receiver(t, record_bytes: int = 1024, datagrams: int = 400) -> Recei
                 assert writes, "the measurement's chains are in order"
                 for w in writes:  # the kafka_writer's own produce call
                     produce_run(producer, "capacity", w.partition, w, w.key_list(),
-                                w.value_list(), record_headers(w, w.header_lists()))
+                                w.value_list(), provenance_headers(
+                                    w.topic, w.partition, w.incarnation, w.offsets,
+                                    w.header_lists()))
     try:
         cost["kafka_writer"] = _cpu(write)
     finally:

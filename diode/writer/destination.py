@@ -22,8 +22,9 @@ from typing import NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException
 
-from diode.kafka import identity
-from diode.kafka.clients import produce_run, record_headers
+from diode.kafka.clients import produce_run
+from diode.kafka.messages import (Provenance, dead_letter_headers, provenance_headers,
+                                  written_at_header)
 from diode.kafka.preparer import METADATA_TIMEOUT, TopicAnswer
 from diode.link.runs import FRAMING_ALLOWANCE, Run
 
@@ -61,7 +62,7 @@ class Columns(NamedTuple):
     keys: list
     values: list
     own: list | None   # the records' own headers (Run.header_lists)
-    headers: list      # as written: own, provenance, written-at, the ticket (record_headers)
+    headers: list      # as written: own, provenance, written-at, the ticket (provenance_headers)
 
 
 @dataclass(slots=True)
@@ -148,7 +149,7 @@ class Destination:
             self.events_first = False
         stamp = self.r.written_at_header
         now_ms = int(time.time() * 1000)
-        written_at = [(stamp, str(now_ms).encode())] if stamp else []
+        written_at = written_at_header(stamp, now_ms)
         backlog, kept, blocked = joined(self.backlog), deque(), set()
         self.queue_full = False
         while backlog:
@@ -172,8 +173,9 @@ class Destination:
                 continue
             if entry.columns is None:  # (once a run: a full queue's retry resumes where it stopped)
                 own = run.header_lists()
-                entry.columns = Columns(run.key_list(), run.value_list(), own, record_headers(
-                    run, own, [*written_at, *entry.extra] if entry.extra else written_at))
+                entry.columns = Columns(run.key_list(), run.value_list(), own, provenance_headers(
+                    run.topic, run.partition, run.incarnation, run.offsets, own,
+                    [*written_at, *entry.extra] if entry.extra else written_at))
             partition = run.partition if run.partition < self.dest_partitions[topic] else -1
             columns, start = entry.columns, entry.done
             try:
@@ -263,23 +265,17 @@ class Destination:
         if not self.r.dead_letter_topic:
             self.refused(headers, topic, error)
             return
-        self.event_queue.append((self.r.dead_letter_topic, key, value, [
-            *headers, ("diode.destination.topic", topic.encode()),
-            ("diode.error", error.encode())]))
+        self.event_queue.append((self.r.dead_letter_topic, key, value,
+                                 dead_letter_headers(headers, topic, error)))
 
     def refused(self, headers: list, where: str, error: str) -> None:
         """A record refused by the destination and by the dead-letter topic: reported."""
-        coordinates = {k: v for k, v in headers if k.startswith("source")}
-        try:
-            topic = coordinates["sourceTopic"].decode()
-            partition, offset = int(coordinates["sourcePartition"]), \
-                int(coordinates["sourceOffset"])
-        except (KeyError, ValueError):
+        p = Provenance.parse(headers)
+        if p is None:
             self.log.error("a record refused by %s carries no source coordinates: %s",
                            where, error)
             return
-        self.report_refused(topic, partition, offset, error,
-                            identity.parse(coordinates.get("sourceTopicId", b"")))
+        self.report_refused(p.topic, p.partition, p.offset, error, p.incarnation)
 
     def delivered(self, err, msg):
         """Called for records the destination refused (delivery.report.only.error): with
@@ -287,10 +283,11 @@ class Destination:
         self.failed += 1
         self.metrics.inc("errors", reason="produce")
         headers = self.headers_of(msg)
-        where = {k: v.decode() for k, v in headers if k.startswith("source")}
+        p = Provenance.parse(headers)
         self.log.error("a record (%s) was not written to %s[%s]: %s; sending it to the "
-                       "dead-letter topic", ", ".join(f"{k} {v}" for k, v in where.items()) or
-                       "source unknown", msg.topic(), msg.partition(), err.str())
+                       "dead-letter topic", f"source {p.topic}[{p.partition}]@{p.offset}"
+                       if p is not None else "source unknown", msg.topic(), msg.partition(),
+                       err.str())
         self.dead_letter(msg.topic(), msg.key(), msg.value(), headers, err.str())
 
     def headers_of(self, msg) -> list:
@@ -447,10 +444,9 @@ def topic_given_up(trouble, now: float) -> bool:
 
 def _headers(run: Run, i: int, own) -> list:
     """Record i's headers as written: its own, then the provenance (the dead-letter paths; the
-    hot path builds the same in diode.kafka.clients.produce_run)."""
-    return [*(own[i] if own is not None else ()), ("sourceTopic", run.topic.encode()),
-            ("sourcePartition", b"%d" % run.partition), ("sourceOffset", b"%d" % run.offsets[i]),
-            ("sourceTopicId", identity.text(run.incarnation).encode())]
+    hot path builds the same lists for a whole run)."""
+    return provenance_headers(run.topic, run.partition, run.incarnation, run.offsets[i:i + 1],
+                              None if own is None else own[i:i + 1])[0]
 
 
 def joined(backlog: deque) -> deque:

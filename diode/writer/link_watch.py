@@ -4,7 +4,7 @@ The sender's heartbeats come to writer 0 (with the reader's clock when each was 
 silent for three heartbeat intervals, on that clock, is reported (link_silent, a warning), unless
 the sender's readers said in their last heartbeats that they stopped cleanly (wire.FLAG_STOPPING:
 logged once, as is the sender's return). Each heartbeat can be recorded in
-receiver.heartbeat.topic (diode.accounting.events.HEARTBEAT).
+receiver.heartbeat.topic (diode.kafka.messages.HEARTBEAT).
 
 It owns the last heartbeat's time, the silence and the readers' stopping flags. It does not own
 the heartbeats' claims on the partitions (the stage offers those to diode.accounting.ordering),
@@ -12,11 +12,9 @@ nor the events producer (it hands each record to `emit`, and asks `events_waitin
 liveness is dropped rather than held while events are behind).
 """
 
-import json
 import time
 
-from diode.accounting.events import HEARTBEAT
-from diode.kafka import identity
+from diode.kafka.messages import heartbeat_record
 
 
 class LinkWatch:
@@ -46,17 +44,10 @@ class LinkWatch:
         self.sender_stopping(beat, seen)
         if self.r.heartbeat_topic and self.events_waiting() < self.max_events // 2:
             # (liveness, not data: dropped rather than holding input while events are behind)
-            self.emit(self.r.heartbeat_topic, beat["session"].encode(), json.dumps(
-                HEARTBEAT.build(
-                    senderTime=beat.get("time_ms"), receivedAt=int(time.time() * 1000),
-                    reader=beat.get("reader"), session=beat["session"],
-                    sourceCluster=beat.get("cluster"), partitions=len(beat["partitions"]),
-                    counters=beat.get("counters", {}),
-                    lastSent=[{"topic": t, "partition": p, "offset": last, "chainStart": start,
-                               "topicId": identity.text(inc), "sourceEnd": end,
-                               "retired": retired}
-                              for t, p, inc, start, last, end, retired in beat["partitions"]])
-            ).encode(), None)
+            self.emit(self.r.heartbeat_topic, *heartbeat_record(
+                beat["session"], beat.get("time_ms"), int(time.time() * 1000),
+                beat.get("reader"), beat.get("cluster"), beat.get("counters", {}),
+                beat["partitions"]), None)
 
     def sender_stopping(self, beat: dict, seen: float) -> None:
         """A clean stop of the sender (each of its readers' newest heartbeats marked stopping)

@@ -7,7 +7,7 @@ in diode.accounting.reasons. This room tells what ordering decided, per incarnat
 partition:
 
 - a missing range: logged ("missing t[p] offsets a..b (meaning)"), counted (missing_ranges,
-  missing_records, the last hour's), written as a `missing` event (diode.accounting.events) to
+  missing_records, the last hour's), written as a `missing` event (diode.kafka.messages) to
   receiver.missing.records.topic, and a resend ticket opened (diode.accounting.tickets);
 - records filling a reported range: a `filled` event, once per step per run of offsets, and the
   tickets they complete closed;
@@ -20,12 +20,11 @@ the events' producer (it hands each event to `emit`: the destination's event que
 partitions' states, or the backlog (resent runs cut by ticket are returned, not queued).
 """
 
-import json
 import time
 from collections import deque
 
 from diode.accounting import reasons, tickets
-from diode.accounting.events import MISSING_RECORDS_EVENT
+from diode.kafka.messages import range_record, ticket_header
 from diode.accounting.ranges import merge
 from diode.kafka import identity
 
@@ -117,15 +116,11 @@ class Reporter:
     def publish(self, kind, topic, partition, first, last, reason, incarnation,
                 **more) -> None:
         """An event on the missing-records topic, when there is one (`more`: its ticket and, of
-        a closed one, its state and times), as diode.accounting.events defines it."""
+        a closed one, its state and times), as diode.kafka.messages defines it."""
         if self.r.missing_records_topic:
-            event = MISSING_RECORDS_EVENT[kind].build(
-                sourceTopic=topic, sourcePartition=partition,
-                sourceTopicId=identity.text(incarnation) if incarnation is not None else None,
-                firstOffset=first, lastOffset=last, reason=reason,
-                detectedAt=int(time.time() * 1000), **more)
-            self.emit(self.r.missing_records_topic, f"{topic}-{partition}".encode(),
-                      json.dumps(event).encode(), None)
+            self.emit(self.r.missing_records_topic, *range_record(
+                kind, topic, partition, incarnation, first, last, reason,
+                int(time.time() * 1000), **more), None)
 
     # -- resend tickets (diode.accounting.tickets) ---------------------------------------------
 
@@ -145,7 +140,7 @@ class Reporter:
             self.log.info("ticket %s (%s[%d] %d..%d) closed: %s after %.0f s", tid, topic,
                           partition, c.first, c.last, c.how, max(0, now_ms - c.opened) / 1000)
             self.publish("closed", topic, partition, c.first, c.last, c.how, state.incarnation,
-                         ticket=tid, state=c.how, openedAt=c.opened, closedAt=now_ms)
+                         ticket=tid, state=c.how, opened_at=c.opened, closed_at=now_ms)
 
     def cut_by_ticket(self, run, state) -> list:
         """A resent run as (part, extra headers), cut where the open ticket its records fill
@@ -161,8 +156,8 @@ class Reporter:
             current = t
         parts.append((start, len(run), current))
         return [(run if (a, b) == (0, len(run)) else run.take(range(a, b)),
-                 ((tickets.HEADER, self.ticket(run.topic, run.partition, state, t.first,
-                                               t.last).encode()),) if t else ())
+                 ticket_header(self.ticket(run.topic, run.partition, state, t.first, t.last))
+                 if t else ())
                 for a, b, t in parts]
 
     # -- metrics -----------------------------------------------------------------------------

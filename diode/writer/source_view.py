@@ -15,11 +15,9 @@ writer's `sources`), the tickets' reports (diode.writer.reporter), nor the event
 hands digests to `emit`).
 """
 
-import json
 import time
 
-from diode.accounting.events import DIGEST
-from diode.kafka import identity
+from diode.kafka.messages import digest_record
 from diode.writer.destination import MAX_PARTITIONS
 
 
@@ -109,11 +107,9 @@ class SourceView:
         if not topic:
             return
         for t, p, inc, first, last, count, digest in batch["partitions"]:
-            self.emit(topic, f"{t}-{p}".encode(), json.dumps(DIGEST.build(
-                sourceTopic=t, sourcePartition=p, sourceTopicId=identity.text(inc),
-                firstOffset=first, lastOffset=last, count=count, digest=digest.hex(),
-                sentAt=batch["time_ms"], sourceCluster=batch["cluster"],
-                resend=bool(batch.get("resend")))).encode(), None)
+            self.emit(topic, *digest_record(
+                t, p, inc, first, last, count, digest, batch["time_ms"], batch["cluster"],
+                bool(batch.get("resend"))), None)
         self.metrics.inc("digests", len(batch["partitions"]))
 
     # -- the source's metadata (writer 0) ------------------------------------------------------

@@ -10,9 +10,9 @@ import time
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from diode.accounting import tickets
 from diode.kafka import identity
 from diode.kafka.groups import ACTIVE, NOT_AHEAD, apply, read_group_offsets, translate
+from diode.kafka.messages import TICKET_HEADER, ticket_header
 from diode.link.records import Record, provenance_headers
 from tests.conftest import RECENT_MS, client, committed_offsets, create_topic, produce, wait_for
 
@@ -28,7 +28,7 @@ def written(offset: int, incarnation: bytes = X, partition: int = 0, resent: boo
     """A destination record as the kafka_writer writes source record t[partition]@offset."""
     record = Record("t", partition, offset, RECENT_MS + offset, 1, b"k%d" % offset,
                     b"v%d" % offset, (("app", b"own"),), incarnation=incarnation)
-    headers = provenance_headers(record) + ([(tickets.HEADER, b"f00d")] if resent else [])
+    headers = provenance_headers(record) + (list(ticket_header("f00d")) if resent else [])
     return {"key": record.key, "value": record.value, "headers": headers,
             "timestamp": record.timestamp, "partition": 0}
 
@@ -93,7 +93,7 @@ def read_as_group(bootstrap: str, group: str, expected: int, timeout: float = 60
                 h = dict(m.headers() or [])
                 if m.error() is None and m.partition() == 0 and \
                         h.get("sourceTopicId") == identity.text(X).encode():
-                    out.append((int(h["sourceOffset"]), tickets.HEADER in h))
+                    out.append((int(h["sourceOffset"]), TICKET_HEADER in h))
             if len(out) >= expected:
                 done_at = done_at or time.monotonic() + 1.0
                 if time.monotonic() >= done_at:

@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from diode import cli
-from diode.accounting import events
+from diode.kafka import messages as events
 from diode.kafka.brokers import free_port
 from tests.conftest import ROOT, Launched, consume, create_topic, produce, wait_for
 
@@ -345,7 +345,7 @@ def outcomes(world: World) -> None:
     # Key rotation rejected nothing
     for reason in ("unknown_key", "auth_failed"):
         assert world.receiver_metric("rejects", "unpacker", reason=reason) == 0
-    # Every event of the missing-records topic is one diode.accounting.events defines
+    # Every event of the missing-records topic is one diode.kafka.messages defines
     reported = [json.loads(m.value()) for m in consume(world.destination, "diode-missing", 3,
                                                        timeout=20, idle=0.5)]
     kinds = [(e["type"], e["reason"]) for e in reported]

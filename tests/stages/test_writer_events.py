@@ -1,5 +1,5 @@
 """The events a kafka_writer really writes to the missing-records topic are the ones
-diode.accounting.events defines (docs/events.md is generated from there): a range lost, its
+diode.kafka.messages defines (docs/events.md is generated from there): a range lost, its
 resend filling it, its ticket closed, and a record the destination refused, each read back from
 the destination broker with exactly the defined fields."""
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from diode.accounting import events
+from diode.kafka import messages as events
 from diode.link import runs
 from diode.link.records import RESEND
 from diode.runtime import transport

@@ -1,9 +1,8 @@
 """The pure parts of consumer-group translation (diode.kafka.groups): the search over a
-partition's provenance headers against a linear reading of the same partition, what it costs,
-and the checkpoint records."""
+partition's provenance headers against a linear reading of the same partition, and what it
+costs (the checkpoint records: tests/unit/test_messages.py)."""
 
 import bisect
-import json
 import random
 import re
 from concurrent.futures import Future
@@ -12,10 +11,9 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from diode.accounting import tickets
 from diode.kafka import identity
-from diode.kafka.groups import (checkpoint_record, provenance, read_group_offsets,
-                                translate_from)
+from diode.kafka.messages import ticket_header
+from diode.kafka.groups import provenance, read_group_offsets, translate_from
 
 X, OLD, NEW = b"\x0a" * 16, b"\x01" * 16, b"\x0b" * 16  # the wanted incarnation, and two others
 
@@ -153,22 +151,10 @@ def test_provenance_of_destination_records():
            ("sourceOffset", b"41"), ("sourceTopicId", inc)]
     assert provenance(7, own) == (7, X, 3, 41)
     assert provenance(7, own[:-1]) == (7, b"", 3, 41)  # written before incarnations
-    assert provenance(7, [*own, (tickets.HEADER, b"abc")]) is None  # resent
+    assert provenance(7, [*own, *ticket_header("abc")]) is None  # resent
     assert provenance(7, None) is None
     assert provenance(7, [("app", b"mine")]) is None
     assert provenance(7, [("sourcePartition", b"x"), ("sourceOffset", b"1")]) is None
-
-
-def test_a_checkpoint_names_the_group_both_sides_and_the_incarnation():
-    key, value = checkpoint_record("g", "t", 2, 600, "dst_t", 2, 640, X, now_ms=1234)
-    assert json.loads(key) == {"consumerGroupId": "g", "topic": "dst_t", "partition": 2}
-    assert json.loads(value) == {
-        "consumerGroupId": "g", "topic": "dst_t", "partition": 2, "upstreamOffset": 600,
-        "downstreamOffset": 640, "sourceTopic": "t", "sourcePartition": 2,
-        "sourceTopicId": identity.text(X), "time": 1234}
-    # a later checkpoint of the same group and partition has the same key (compaction keeps it)
-    assert checkpoint_record("g", "t", 2, 900, "dst_t", 2, 950, X)[0] == key
-    assert checkpoint_record("g", "t", 3, 900, "dst_t", 3, 950, X)[0] != key
 
 
 def test_a_cluster_that_cannot_list_its_groups_yet_is_an_error_its_caller_retries():

@@ -1,10 +1,17 @@
 """The layout's promises, read from the source with ast: stages share code only through diode's
 rooms (no stage imports another; a mode of a stage, run in its place, extends it),
 diode.kafka.maven is a leaf, and no two of diode's modules import each other at module level (a
-cycle makes the import order decide what works)."""
+cycle makes the import order decide what works), and every header and event diode writes to
+Kafka is built in one module, diode.kafka.messages: no other module of diode/ or stages/ spells a
+header's name in a (name, value) pair, nor an event's field names as the keys of a dict or the
+keywords of a call (Event.build's), so that a new copy of a definition fails here before it
+drifts from the docs and the readers."""
 
 import ast
+import functools
 from pathlib import Path
+
+from diode.kafka import messages
 
 ROOT = Path(__file__).parents[2]
 
@@ -16,8 +23,13 @@ def _module_name(path: Path) -> str:
 
 def _modules(package: str) -> dict:
     """name -> parsed module, for every module of `package` (a top-level folder)."""
-    return {_module_name(p): ast.parse(p.read_text(), str(p))
-            for p in sorted((ROOT / package).rglob("*.py"))}
+    return {_module_name(p): _tree(p) for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+@functools.cache
+def _tree(path: Path) -> ast.AST:
+    """A module's syntax tree, parsed once for all the checks here."""
+    return ast.parse(path.read_text(), str(path))
 
 
 def _imported(tree: ast.AST, module: str, known, module_level: bool) -> set:
@@ -97,3 +109,71 @@ def test_the_checks_see_imports():
     assert _imported(tree, "m", known, module_level=True) == {"diode.a.b", "diode.a"}
     assert _imported(tree, "m", known, module_level=False) == {"diode.a.b", "diode.a",
                                                                "stages.x"}
+
+
+# -- what crosses to Kafka is built in diode.kafka.messages only --------------------------------
+
+THE_MODULE = ROOT / "diode" / "kafka" / "messages.py"
+
+# The fields of the events, as dict keys or keywords: their camelCase names (lowercase words such
+# as topic, partition or reason are every report's), and the heartbeat's lastSent fields.
+EVENT_FIELDS = frozenset(
+    n for e in (*messages.MISSING_RECORDS, messages.AUDIT, messages.HEARTBEAT, messages.DIGEST,
+                messages.GROUP_CHECKPOINT) for n in e.names if n != n.lower()) | {
+    "chainStart", "sourceEnd"}
+# ...of which these are also the columns and fields of reports (a source partition's name in the
+# audits', a ticket's times in `diode tickets --json`): a dict keyed by them alone is a report.
+REPORT_FIELDS = frozenset({messages.SOURCE_TOPIC, messages.SOURCE_PARTITION,
+                           messages.SOURCE_TOPIC_ID, "topicId", "openedAt", "closedAt"})
+
+
+def _built_modules():
+    for path in sorted([*(ROOT / "diode").rglob("*.py"), *(ROOT / "stages").rglob("*.py")]):
+        name = path.relative_to(ROOT).as_posix()
+        if path != THE_MODULE:
+            yield name, _tree(path)
+
+
+def _text(node) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+        return node.value.decode() if isinstance(node.value, bytes) else node.value
+    return None
+
+
+def offences(name: str, tree: ast.AST) -> list[str]:
+    """Where `tree` builds a header or an event itself."""
+    found = []
+    for node in ast.walk(tree):
+        where = f"{name}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Tuple) and len(node.elts) == 2:
+            first = node.elts[0]
+            if _text(first) in messages.HEADER_NAMES or (
+                    isinstance(first, ast.Attribute) and first.attr.endswith("HEADER")):
+                found.append(f"{where}: header {ast.unparse(first)} built")
+        elif isinstance(node, ast.Dict):
+            keys = {_text(k) for k in node.keys} & EVENT_FIELDS
+            if keys - REPORT_FIELDS:
+                found.append(f"{where}: event dict with {sorted(keys)}")
+        elif isinstance(node, ast.Call):
+            keys = {k.arg for k in node.keywords} & EVENT_FIELDS
+            if keys:
+                found.append(f"{where}: event built with {sorted(keys)}")
+    return found
+
+
+def test_headers_and_events_are_built_only_in_diode_kafka_messages():
+    found = [o for name, tree in _built_modules() for o in offences(name, tree)]
+    assert not found, "build these through diode.kafka.messages:\n" + "\n".join(found)
+
+
+def test_the_check_sees_each_way_of_building_them():
+    """The check finds what it is for: a provenance pair, a ticket header, an event's dict and
+    an Event.build call; and passes what is not one (an audit's report of a source partition)."""
+    source = '''
+h = [("sourceOffset", b"%d" % o), (messages.TICKET_HEADER, t)]
+e = {"type": "missing", "sourceTopic": t, "firstOffset": 1}
+d = DIGEST.build(sourceTopic=t, sentAt=1)
+report = {"sourceTopic": t, "sourcePartition": p, "records": 3}
+'''
+    found = offences("x.py", ast.parse(source))
+    assert sorted(f.split(":")[1] for f in found) == ["2", "2", "3", "4"], found

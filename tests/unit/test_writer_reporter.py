@@ -1,14 +1,14 @@
 """The writer's missing-range reporter (diode.writer.reporter) tells what ordering decided: a
 range missing, with its ticket opened; its fill, once, with the ticket closed; a source-reset
 range closed expired at once; a resent run cut by the tickets it fills. Each event as
-diode.accounting.events defines it, with the reason's meaning in the log (diode.accounting
+diode.kafka.messages defines it, with the reason's meaning in the log (diode.accounting
 .reasons)."""
 
 import json
 import logging
 
-from diode.accounting import reasons, tickets
-from diode.accounting.events import MISSING_RECORDS_EVENT
+from diode.accounting import reasons
+from diode.kafka.messages import MISSING_RECORDS_EVENT, TICKET_HEADER
 from diode.accounting.ordering import Missing, PartitionState, SourcePartition, Update
 from diode.writer.reporter import Reporter
 from tests.unit.writer_fakes import LOG, metrics, run, settings
@@ -72,6 +72,6 @@ def test_a_resent_run_is_cut_where_its_ticket_changes():
     state.open_ticket(3, 5, 0)
     parts = r.cut_by_ticket(run(0, 5), state)  # 0 1 | 2 | 3 4
     assert [list(p.offsets) for p, _ in parts] == [[0, 1], [2], [3, 4]]
-    assert [dict(extra).get(tickets.HEADER) for _, extra in parts] == [
+    assert [dict(extra).get(TICKET_HEADER) for _, extra in parts] == [
         Reporter.ticket("t", 0, state, 0, 1).encode(), None,
         Reporter.ticket("t", 0, state, 3, 5).encode()]
