@@ -9,8 +9,8 @@ import time
 import psutil
 
 from tests.conftest import (RECENT_MS, committed_offsets, consume, create_topic,
-                            headers_of, produce, source_coordinates, topic_id, topics, wait_for,
-                            write_topology)
+                            headers_of, only_on, produce, source_coordinates, topic_id, topics,
+                            wait_for, write_topology)
 
 SENDER, RECEIVER = 3, 3  # default worker processes per side
 
@@ -122,6 +122,7 @@ def test_sender_workers_killed_mid_stream_lose_no_record(tmp_path, brokers, laun
     assert d.stop() == 0
 
 
+@only_on("tansu")  # (the receiver refuses them before any broker is asked)
 def test_garbage_datagrams_crash_nothing_and_write_nothing(tmp_path, brokers, launch):
     src, dst = brokers
     topo = write_topology(tmp_path, src.bootstrap, dst.bootstrap)
@@ -195,6 +196,7 @@ def test_sender_started_before_its_source_cluster_waits_and_loses_nothing(tmp_pa
         dst.stop()
 
 
+@only_on("tansu")  # (the receiver refuses it before any broker is asked)
 def test_wrong_password_is_rejected_and_writes_nothing(tmp_path, brokers, launch):
     src, dst = brokers
     create_topic(src.bootstrap, "src", 1)
@@ -281,6 +283,7 @@ def test_sigterm_drains_and_leaves_no_process_behind(tmp_path, launch, broker_ki
     assert "draining" in d.output()
 
 
+@only_on("tansu")  # (the supervisor's doing: no broker takes part)
 def test_a_worker_that_keeps_dying_stops_the_side_loudly(tmp_path, brokers, launch):
     src, dst = brokers
     topo = write_topology(tmp_path, src.bootstrap, dst.bootstrap,
@@ -331,6 +334,7 @@ def test_check_reports_every_error_at_once(tmp_path):
     assert 'receiver.kafka: No such configuration property: "lingr.ms"' in r.stderr
 
 
+@only_on("tansu")  # (the link's port: no broker takes part)
 def test_link_port_in_use_is_a_clear_error(tmp_path, brokers, launch):
     src, dst = brokers
     topo = write_topology(tmp_path, src.bootstrap, dst.bootstrap)

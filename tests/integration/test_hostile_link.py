@@ -7,14 +7,11 @@ import subprocess
 import sys
 import time
 
-
-import pytest
-
 from diode.link import crypto, runs, wire
 from diode.link.linksim import Faults, FaultSettings
 from diode.runtime import topology
 from diode.runtime.supervisor import load_secrets
-from tests.conftest import (consume, create_topic, headers_of, produce,
+from tests.conftest import (consume, create_topic, headers_of, only_on, produce,
                             source_coordinates, topic_id, wait_for)
 
 def missing_offsets(dst, expected_events=0, timeout=5.0):
@@ -45,6 +42,7 @@ def settle(lk, sent, timeout=60.0, topics=("src",)):
             return arrived, reported, events
 
 
+@only_on("tansu")  # (the link's faults decide it, not the broker)
 def test_missing_ranges_are_exactly_the_records_lost_on_the_link(link):
     """5 % uniform loss, no FEC: what is reported missing is exactly what is absent, tail
     included, once a heartbeat interval (plus the reorder wait) has passed."""
@@ -65,6 +63,7 @@ def test_missing_ranges_are_exactly_the_records_lost_on_the_link(link):
         len([e for e in events if e["type"] == "missing"])
 
 
+@only_on("tansu")  # (the link's faults decide it, not the broker)
 def test_reordering_and_duplication_keep_source_order_without_duplicates(link):
     lk = link(Faults(FaultSettings(reorder=0.02, reorder_delay_ms=20, duplicate=0.01,
                                    seed=5)),
@@ -168,6 +167,7 @@ def quiet_for(lk, seconds: float) -> None:
              seconds + 10, f"{seconds} s without a heartbeat")
 
 
+@only_on("tansu")  # (the link's faults decide it, not the broker)
 def test_a_cut_link_is_reported_silent_and_a_clean_stop_is_reported_as_one(link):
     """The link cut (every datagram dropped): the receiver warns that the link, the sender or
     its source is down. Mended, then the sender stopped (SIGTERM): the receiver logs that the
@@ -199,6 +199,7 @@ def delivered(lk, total, partitions, timeout=60):
     return {m.value() for m in got}
 
 
+@only_on("tansu")  # (the link's faults decide it, not the broker)
 def test_fec_8_plus_2_delivers_at_least_999_per_mille_at_1_percent_loss(link):
     lk = link(Faults(FaultSettings(loss=0.01, seed=21)),
               link={"datagram.size.bytes": 600, "fec.data.datagrams": 8,
@@ -213,6 +214,7 @@ def test_fec_8_plus_2_delivers_at_least_999_per_mille_at_1_percent_loss(link):
     assert len(got) >= 0.999 * total
 
 
+@only_on("tansu")  # (the link's faults decide it, not the broker)
 def test_bursts_of_five_lost_datagrams_are_recovered_through_interleaving(link):
     lk = link(Faults(FaultSettings(burst_probability=0.01, burst_length=5, seed=8)),
               link={"datagram.size.bytes": 600, "fec.data.datagrams": 8,
@@ -227,6 +229,7 @@ def test_bursts_of_five_lost_datagrams_are_recovered_through_interleaving(link):
     assert lk.receiver.metric("missing_ranges", "kafka_writer") == 0
 
 
+@only_on("tansu")  # (the link's faults decide it, not the broker)
 def test_redundant_copies_recover_uniform_loss_and_are_deduplicated(link):
     lk = link(Faults(FaultSettings(loss=0.05, seed=4)),
               link={"datagram.size.bytes": 600, "copies": 2})
@@ -344,7 +347,7 @@ class LoseChainHeads(Faults):
         return []
 
 
-@pytest.mark.parametrize("broker_kind", ["tansu"])  # (the broker does not matter here)
+@only_on("tansu")  # (the broker does not matter here)
 def test_a_lost_first_datagram_of_a_partition_and_of_every_partition_is_reported(link):
     """Issue 34: both sides running, the first datagram of a partition lost (its chain's first
     records, the head), and then of every partition of a new topic; the heartbeats naming where
