@@ -113,13 +113,13 @@ class Destination:
         self.failed = 0     # records the destination refused
         # (records produced up to and including a run's oldest, its source timestamp in ms):
         # its end-to-end latency is observed once the destination has acknowledged as many.
-        self.latency_marks: deque = deque(maxlen=MAX_LATENCY_MARKS)
+        self.latency_marks: deque = deque(maxlen=MAX_LATENCY_MARKS)  # of LatencyMark
         self.asked: set = set()           # destination topics asked of, not yet answered
         self.dest_partitions: dict = {}   # destination topic -> partition count
         self.next_metadata: dict = {}     # topic -> when its metadata may be asked again
         self.grow_again: dict = {}        # topic -> when its count may be asked again for a
         #                                   partition it lacks
-        self.topic_trouble: dict = {}     # destination topic -> (since, error, for good)
+        self.topic_trouble: dict = {}     # destination topic -> its Trouble
         self.backlog: deque = deque()     # Entry: runs not yet all produced, in order
         self.backlog_records = 0          # records in the backlog (and waiting to recover)
         self.queue_full = False           # the producer's queue refused the backlog's head
@@ -166,7 +166,7 @@ class Destination:
                     not self.ensure_topic(topic, self.partitions_of(run.topic)):
                 trouble = self.topic_trouble.get(topic)
                 if topic_given_up(trouble, time.monotonic()):
-                    self.dead_letter_run(run, entry.done, topic, trouble[1])
+                    self.dead_letter_run(run, entry.done, topic, trouble.error)
                     continue
                 blocked.add(topic)
                 kept.append(entry)
@@ -191,7 +191,7 @@ class Destination:
                 kept.append(entry)
                 continue
             if done > start and run.types[start]:  # one sample a run: its oldest record
-                self.latency_marks.append((self.produced + 1, run.timestamps[start]))
+                self.latency_marks.append(LatencyMark(self.produced + 1, run.timestamps[start]))
             if start == 0 < done:  # (once a run, not at every retry; without its headers)
                 self.sent.append(Sent(topic, run, columns.keys, columns.values, columns.own))
             self.produced += done - start
@@ -218,12 +218,12 @@ class Destination:
         acknowledged = self.produced - outstanding
         self.metrics.set("records", acknowledged - self.failed)
         marks = self.latency_marks
-        if not marks or marks[0][0] > acknowledged:
+        if not marks or marks[0].produced > acknowledged:
             return
         now_ms = time.time() * 1000
-        while marks and marks[0][0] <= acknowledged:
+        while marks and marks[0].produced <= acknowledged:
             self.metrics.observe("end_to_end_latency_seconds",
-                                 max(0.0, now_ms - marks.popleft()[1]) / 1000)
+                                 max(0.0, now_ms - marks.popleft().timestamp_ms) / 1000)
 
     def flush(self, wait: float) -> tuple:
         """Records and events still not acknowledged after `wait` each (the records' count is
@@ -425,21 +425,36 @@ class Destination:
             self.events.flush(1)
 
 
-def topic_trouble(before, now: float, error) -> tuple:
-    """A destination topic's trouble after `error`, given the trouble before (None): (since,
-    error text, for good). A topic is given up (dead letters) once it was refused for good, or
-    TOPIC_GIVE_UP_SECONDS after `since`; an unreachable cluster says nothing of the topic, so
-    the clock starts again from each such error: an outage is waited out, however long."""
+class Trouble(NamedTuple):
+    """Why a destination topic cannot be written yet, and since when (time.monotonic())."""
+    since: float
+    error: str        # the cluster's error, as its text
+    for_good: bool    # an error no wait mends (REFUSED_FOR_GOOD)
+
+
+class LatencyMark(NamedTuple):
+    """A run's oldest record, sampled for the end-to-end latency: observed once the destination
+    has acknowledged `produced` records."""
+    produced: int      # records produced up to and including it
+    timestamp_ms: int  # its source timestamp
+
+
+def topic_trouble(before, now: float, error) -> Trouble:
+    """A destination topic's Trouble after `error`, given the trouble before (None). A topic is
+    given up (dead letters) once it was refused for good, or TOPIC_GIVE_UP_SECONDS after `since`;
+    an unreachable cluster says nothing of the topic, so the clock starts again from each such
+    error: an outage is waited out, however long."""
     code = error.code()
     if before is not None and code not in CLUSTER_UNAVAILABLE and code not in REFUSED_FOR_GOOD:
         return before
-    return (now, error.str(), code in REFUSED_FOR_GOOD)
+    return Trouble(now, error.str(), code in REFUSED_FOR_GOOD)
 
 
 def topic_given_up(trouble, now: float) -> bool:
     """Whether a destination topic with `trouble` (topic_trouble's, or None) is given up at
     `now`: its records go to the dead-letter topic."""
-    return trouble is not None and (trouble[2] or now - trouble[0] >= TOPIC_GIVE_UP_SECONDS)
+    return trouble is not None and (trouble.for_good or
+                                    now - trouble.since >= TOPIC_GIVE_UP_SECONDS)
 
 
 def _headers(run: Run, i: int, own) -> list:

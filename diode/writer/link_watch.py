@@ -13,8 +13,15 @@ liveness is dropped rather than held while events are behind).
 """
 
 import time
+from typing import NamedTuple
 
 from diode.kafka.messages import heartbeat_record
+
+
+class ReaderBeat(NamedTuple):
+    """The newest heartbeat of one of the sender's readers."""
+    seen: float     # the reader's clock (this side's) when it was read
+    stopping: bool  # it said it stops cleanly (wire.FLAG_STOPPING)
 
 
 class LinkWatch:
@@ -55,9 +62,10 @@ class LinkWatch:
         so marked after it says the sender is back. A sender killed, or a link cut, sends no
         such heartbeat: the silence is reported."""
         reader = beat.get("reader")
-        if seen >= self.readers_stopping.get(reader, (seen, False))[0]:
-            self.readers_stopping[reader] = (seen, bool(beat.get("stopping")))
-        stopped = all(stopping for _, stopping in self.readers_stopping.values())
+        known = self.readers_stopping.get(reader)
+        if known is None or seen >= known.seen:
+            self.readers_stopping[reader] = ReaderBeat(seen, bool(beat.get("stopping")))
+        stopped = all(r.stopping for r in self.readers_stopping.values())
         if stopped == self.sender_stopped:
             return
         self.sender_stopped = stopped

@@ -22,6 +22,7 @@ partitions' states, or the backlog (resent runs cut by ticket are returned, not 
 
 import time
 from collections import deque
+from typing import NamedTuple
 
 from diode.accounting import reasons, tickets
 from diode.kafka.messages import range_record, ticket_header
@@ -29,12 +30,18 @@ from diode.accounting.ranges import merge
 from diode.kafka import identity
 
 
+class Reported(NamedTuple):
+    """A missing range reported, for the last hour's metrics."""
+    when: float    # time.monotonic()
+    records: int
+
+
 class Reporter:
     def __init__(self, settings, metrics, log, emit):
         """`settings`: the receiver's (missing.records.topic); `emit(topic, key, value,
         headers)`: hands an event to its producer's queue."""
         self.r, self.metrics, self.log, self.emit = settings, metrics, log, emit
-        self.recent_missing: deque = deque(maxlen=10_000)  # (when, records) this last hour
+        self.recent_missing: deque = deque(maxlen=10_000)  # of Reported, this last hour
         self.fills: dict = {}  # (topic, partition, incarnation) -> offsets filled late, this step
 
     # -- what ordering decided ---------------------------------------------------------------
@@ -103,7 +110,7 @@ class Reporter:
         if kind == "missing":
             self.metrics.inc("missing_ranges")
             self.metrics.inc("missing_records", last - first + 1)
-            self.recent_missing.append((time.monotonic(), last - first + 1))
+            self.recent_missing.append(Reported(time.monotonic(), last - first + 1))
             self.log.warning("missing %s[%d] offsets %d..%d (%s)%s", topic, partition, first,
                              last, reasons.meaning(reason),
                              f", topic id {topic_id}" if reason == reasons.SOURCE_RESET else "")
@@ -165,10 +172,10 @@ class Reporter:
     def export(self, states: list) -> None:
         """Once a second: the last hour's missing ranges, and the open tickets of `states`."""
         hour_ago = time.monotonic() - 3600
-        while self.recent_missing and self.recent_missing[0][0] < hour_ago:
+        while self.recent_missing and self.recent_missing[0].when < hour_ago:
             self.recent_missing.popleft()
         self.metrics.set("missing_ranges_last_hour", len(self.recent_missing))
-        self.metrics.set("missing_records_last_hour", sum(n for _, n in self.recent_missing))
+        self.metrics.set("missing_records_last_hour", sum(r.records for r in self.recent_missing))
         now_ms = int(time.time() * 1000)
         opened = [t.opened for s in states for t in s.tickets]
         self.metrics.set("tickets_open", len(opened))

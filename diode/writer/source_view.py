@@ -16,9 +16,25 @@ hands digests to `emit`).
 """
 
 import time
+from typing import NamedTuple
 
 from diode.kafka.messages import digest_record
 from diode.writer.destination import MAX_PARTITIONS
+
+
+class SourceLook(NamedTuple):
+    """A source partition as the sender's reader last looked at it (wire.KIND_SOURCE)."""
+    incarnation: bytes  # its topic id
+    log_start: int      # the first offset the source still holds
+    end: int            # the offset after its last record
+    time_ms: int        # when the reader looked (sender time)
+
+
+class TopicSettings(NamedTuple):
+    """A source topic's retention, as the sender last read it (-1: none)."""
+    retention_ms: int
+    retention_bytes: int
+    policy: str         # cleanup.policy
 
 
 class SourceView:
@@ -45,11 +61,11 @@ class SourceView:
         for topic, partition, incarnation, log_start, end in state["partitions"]:
             key = (topic, partition)
             known = self.source_state.get(key)
-            if not self.owns(topic, partition) or (known and known[3] > state["time_ms"]):
+            if not self.owns(topic, partition) or (known and known.time_ms > state["time_ms"]):
                 continue
             if known is None and len(self.source_state) >= MAX_PARTITIONS:
                 continue  # (bounded, as the partitions' states are)
-            self.source_state[key] = (incarnation, log_start, end, state["time_ms"])
+            self.source_state[key] = SourceLook(incarnation, log_start, end, state["time_ms"])
             source = self.sources.get(key)
             held = source.find(incarnation) if source is not None else None
             for first, last in held.source_starts(log_start) if held is not None else ():
@@ -62,7 +78,7 @@ class SourceView:
                                             held.settle_tickets(first, last))
         for topic, retention_ms, retention_bytes, policy in state["topics"]:
             if topic in self.topic_settings or len(self.topic_settings) < MAX_PARTITIONS:
-                self.topic_settings[topic] = (retention_ms, retention_bytes, policy)
+                self.topic_settings[topic] = TopicSettings(retention_ms, retention_bytes, policy)
 
     def export(self) -> None:
         """Per source topic: the records its source holds (end - log start) and those not yet
@@ -80,7 +96,8 @@ class SourceView:
             done = log_start - 1 if done is None else done
             lag[topic] = lag.get(topic, 0) + max(0, end - 1 - max(done, log_start - 1))
             held[topic] = held.get(topic, 0) + max(0, end - log_start)
-            retention_ms = self.topic_settings.get(topic, (-1,))[0]
+            known = self.topic_settings.get(topic)
+            retention_ms = known.retention_ms if known is not None else -1
             due = state.due_by(horizon, retention_ms) if state and retention_ms >= 0 else ()
             risk[topic] = risk.get(topic, 0) + (state.at_risk(margin, due) if state else 0)
         for topic in self.lagging_topics - set(lag):
