@@ -3,6 +3,23 @@
 The supervisor calls `run` in the child right after os.fork(); it never returns (os._exit), so no
 supervisor state or atexit handler runs twice. Signal handlers only record the signal; the loop
 acts on it.
+
+What happens on SIGTERM. An operator's SIGTERM or Ctrl-C goes to the supervisor
+(diode.runtime.supervisor), which drains the pipeline stage by stage in data-flow order, the
+sender's side first: it sends SIGTERM to every worker of the first stage and waits for them to
+exit before it signals the next stage, so what is in flight reaches the next stage (and the link)
+before that stage is asked to stop. A worker ignores SIGINT (Ctrl-C reaches the whole process
+group; the supervisor orders the stop). In the worker, SIGTERM only sets a flag; the loop below
+calls the stage's `stop()` before its next step, and the stage keeps stepping while it drains:
+it takes what is still coming until its input has been quiet for Stage.QUIET_SECONDS (`drained`),
+hands on or writes what it holds, waits for acknowledgements a step at a time (the kafka_writer
+up to three quarters of supervisor.drain.timeout.seconds, then records its last checkpoint), and
+returns False from `step()`. The loop then calls `close()`, writes the metrics a last time and
+exits 0. A worker still running after supervisor.drain.timeout.seconds is killed (SIGKILL, logged):
+what it held is replayed from the journal at the next start (the receiver's side) or read again
+from the source (the sender's: its offsets are committed only for what was sent). A worker whose
+supervisor dies, however it dies, gets SIGTERM itself (PR_SET_PDEATHSIG, diode.runtime.parent)
+and drains the same way.
 """
 
 import ctypes
