@@ -21,6 +21,8 @@ from confluent_kafka.admin import AdminClient
 
 from diode.link import codec, crypto, fec, fragments, runs, wire
 from diode.runtime import transport
+from diode.runtime.messages import (Acks, Datagrams, DigestBatch, Heartbeat, MetadataLook, Runs,
+                                    SourceLook, from_reader)
 from diode.link.batching import DatagramBuilder
 from diode.kafka.clients import admin_config, client_settings, create_topic, producer_config
 from diode.link.records import provenance_headers
@@ -75,22 +77,13 @@ class Stage(BaseStage):
                 frames = self.input.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            message = transport.loads(frames[0].bytes)
-            if message[0] == "heartbeat":
-                self._heartbeat(message[1])
+            message = from_reader(frames[0].bytes)
+            if type(message) is not Runs:
+                self._side(message)
                 continue
-            if message[0] == "source":
-                self._source(message[1])
-                continue
-            if message[0] == "digests":
-                self._digests(message[1])
-                continue
-            if message[0] == "metadata":
-                self._metadata(message[1])
-                continue
-            _, reader, msg_id, counts = message
-            for run, count in zip(frames[1:], counts):
-                self._emit(*self.builder.add(run.buffer, (reader, msg_id), count))
+            tag = (message.reader, message.msg_id)
+            for run, count in zip(frames[1:], message.counts):
+                self._emit(*self.builder.add(run.buffer, tag, count))
             if self.first_pending is None and self.builder.pending:
                 self.first_pending = now
         now = time.monotonic()
@@ -123,10 +116,21 @@ class Stage(BaseStage):
             self.parity.append(self.sealer.seal(out.payload, wire.KIND_PARITY,
                                                 routing_key=out.block_id))
 
+    def _side(self, message) -> None:
+        """A reader's message other than records, sealed after the records before it."""
+        if type(message) is Heartbeat:
+            self._heartbeat(message.beat)
+        elif type(message) is SourceLook:
+            self._source(message.state)
+        elif type(message) is DigestBatch:
+            self._digests(message.batch)
+        elif type(message) is MetadataLook:
+            self._metadata(message.meta)
+
     def _put(self, datagrams: list, meta: list) -> None:
         """Datagrams to the udp_sender in one frame, with what each acknowledges."""
         lengths, body = transport.join(datagrams)
-        self.out.put([transport.dumps((meta, lengths)), body])
+        self.out.put([Datagrams(meta, lengths).encode(), body])
 
     def _send(self, datagrams, meta) -> None:
         """Datagrams (with what each acknowledges), then any parity that became due."""
@@ -301,7 +305,7 @@ class Stage(BaseStage):
     def _ack(self, tag):
         reader, msg_id = tag
         try:
-            self.acks[reader].send(transport.dumps([(msg_id, 1)]), zmq.NOBLOCK)
+            self.acks[reader].send(Acks([(msg_id, 1)]).encode(), zmq.NOBLOCK)
         except zmq.Again:
             pass  # the reader is gone; its successor re-reads from its commits
 

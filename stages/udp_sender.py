@@ -14,6 +14,7 @@ import zmq
 
 from diode.link import offload, pacing
 from diode.runtime import transport
+from diode.runtime.messages import Acks, Datagrams
 from diode.runtime.worker import Stage as BaseStage
 
 # UDP and IPv4 headers: pacing counts what the link carries.
@@ -51,8 +52,9 @@ class Stage(BaseStage):
         if not got:
             return True
         for frames in transport.drain(self.input, 16):
-            meta, lengths = transport.loads(frames[0])
-            self.backlog.extend(zip(transport.split(lengths, frames[1]), meta))
+            message = Datagrams.decode(frames[0])
+            self.backlog.extend(zip(transport.split(message.lengths, frames[1]),
+                                    message.carried))
         self._send_backlog()
         return True
 
@@ -104,7 +106,7 @@ class Stage(BaseStage):
         for reader in list(self.pending_acks):
             acks = self.pending_acks[reader]
             try:
-                self.acks[reader].send(transport.dumps(acks), zmq.NOBLOCK)
+                self.acks[reader].send(Acks(acks).encode(), zmq.NOBLOCK)
             except zmq.Again:
                 del acks[:-MAX_PENDING_ACKS]
                 continue
