@@ -47,7 +47,7 @@ class ToWriter:
     the partitions it owns with their origins, heartbeat claims, beats (writer 0) and the side
     messages, in the order they came."""
 
-    __slots__ = ("runs", "origins", "claims", "beats", "sources")
+    __slots__ = ("beats", "claims", "origins", "runs", "sources")
 
     def __init__(self):
         self.runs, self.origins, self.claims, self.beats, self.sources = [], [], [], [], []

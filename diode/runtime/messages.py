@@ -22,6 +22,7 @@ The receiver (udp_reader -> unpacker -> kafka_writer, replay requests back to th
   unpacker, kafka_writer -> udp_reader   ReplayAsk (the protocol: diode.runtime.replays)
 """
 
+from functools import partial
 from typing import NamedTuple
 
 from diode.runtime.transport import dumps, loads
@@ -219,18 +220,19 @@ class Batch(NamedTuple):
 
     def encode(self) -> bytes:
         unpacker, origins, claims, beats, mark, notices, lengths, sources = self
-        return dumps((unpacker, [tuple(o) for o in origins], [tuple(c) for c in claims], beats,
+        return dumps((unpacker, list(map(tuple, origins)), list(map(tuple, claims)), beats,
                       None if mark is None else tuple(mark), notices, lengths,
                       [(_SIDE_KINDS[type(s)], *s) for s in sources]))
 
     @classmethod
     def decode(cls, frame) -> "Batch":
         unpacker, origins, claims, beats, mark, notices, lengths, sources = loads(frame)
-        return cls(unpacker, list(map(Origin._make, origins)), list(map(Claim._make, claims)),
+        return cls(unpacker, list(map(_origin, origins)), list(map(Claim._make, claims)),
                    beats, None if mark is None else Mark._make(mark), notices, lengths,
                    [_SIDES[kind](fields) for kind, *fields in sources])
 
 
+_origin = partial(tuple.__new__, Origin)  # (Origin._make less its length check: a third faster)
 _SIDES = {"heard": Heard._make, "source": SourceLook._make, "digests": DigestBatch._make,
           "metadata": MetadataLook._make}
 _SIDE_KINDS = {Heard: "heard", SourceLook: "source", DigestBatch: "digests",

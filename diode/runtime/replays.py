@@ -25,7 +25,7 @@ class ReplayRequest:
     its own notices and marks). On a first start (incarnation 1) there is nothing to ask and
     every stream is trusted at once."""
 
-    __slots__ = ("who", "started", "trusted", "sock", "ask_again")
+    __slots__ = ("ask_again", "sock", "started", "trusted", "who")
 
     def __init__(self, ctx, streams: int = 1, now: float | None = None):
         self.who = ctx.spec.name

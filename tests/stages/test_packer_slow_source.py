@@ -65,7 +65,8 @@ def test_a_dead_letter_never_holds_the_packer_while_the_source_cluster_is_frozen
     while not acked:
         assert time.monotonic() < deadline, "the dead letter was never acknowledged"
         p.step()
-        acked = [a for frames in transport.drain(acks) for a in messages.Acks.decode(frames[0]).acks]
+        acked = [a for frames in transport.drain(acks)
+                 for a in messages.Acks.decode(frames[0]).acks]
     assert acked == [(7, 1)]
     p.close()
     dead = consume(src.bootstrap, "too-big", 1)
