@@ -9,6 +9,15 @@ fragmented; one larger than sender.max.record.bytes goes to the dead-letter topi
 cluster and is acknowledged once it is there. The loop never waits on the source cluster for
 it: the topic is created from a thread, and a dead letter the producer cannot take yet waits in
 the packer (a few of them at most; then the packer takes no input until they are taken).
+
+Records' way through it, one call chain: Stage.step takes a messages.Runs (from_reader) ->
+DatagramBuilder.add (diode.link.batching: runs concatenated up to a datagram, compressed by
+diode.link.codec) -> _seal -> diode.link.wire.Sealer.seal_body (the header, the AEAD seal by
+diode.link.crypto.SessionCipher; with FEC the block's parity too, diode.link.fec) -> _emit ->
+_send -> _put -> a messages.Datagrams to the udp_sender, with what each datagram carries. A
+record too large goes _emit -> _fragment (diode.link.fragments) or _dead_letter. A reader's
+other messages (Heartbeat, SourceLook, DigestBatch, MetadataLook) go _side -> their own
+datagram kinds, sealed after the records before them.
 """
 
 import threading

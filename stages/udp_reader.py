@@ -36,8 +36,8 @@ unpacker of its lane.
 The reader replays the journal when it starts, from the lowest low water of the writers'
 checkpoints (diode.runtime.checkpoints), and again whenever a restarted unpacker or writer asks on
 the control endpoint (a ReplayAsk: diode.runtime.replays; a first start has lost nothing: what
-was sent to it waited for it). Without a journal (receiver.journal.enabled false) positions only count datagrams
-and nothing is replayed.
+was sent to it waited for it). Without a journal (receiver.journal.enabled false) positions only
+count datagrams and nothing is replayed.
 """
 
 import errno

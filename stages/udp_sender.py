@@ -4,6 +4,10 @@ It paces datagrams to link.rate.mbps (diode.link.pacing: the kernel's fq where t
 it, a sleeping pacer always) and, once the kernel has taken a datagram, acknowledges its records
 to the readers that read them: only then may their offsets be committed. Consecutive datagrams of
 one size leave in one call (UDP GSO, diode.link.offload) where the kernel takes it.
+
+A datagram's way through it: Stage.step takes a messages.Datagrams from a packer -> the backlog
+-> _send_backlog (the pacer's wait, diode.link.offload.send_batch, link.copies times) ->
+_flush_acks -> a messages.Acks to each reader whose records it carried.
 """
 
 import socket

@@ -31,7 +31,7 @@ import time
 from diode.link import codec, fec, fragments, runs, wire
 from diode.runtime import transport
 from diode.runtime.messages import (Batch, Claim, Data, DigestBatch, Heard, Mark, MetadataLook,
-                                    Notice, Origin, SourceLook, from_udp_reader)
+                                    Notice, Origin, SourceLook, as_origin, from_udp_reader)
 from diode.link.crypto import Keyring
 from diode.errors import RejectedDatagram
 from diode.link.records import partition_owner
@@ -111,7 +111,7 @@ class Stage(BaseStage):
                 replayed, seen = message.replayed, message.seen
                 for position, datagram in zip(message.positions,
                                               transport.split(message.lengths, frames[1])):
-                    self.unpack(datagram, msgs, Origin(position, seen, replayed))
+                    self.unpack(datagram, msgs, as_origin((position, seen, replayed)))
             elif type(message) is Mark:
                 if self.replay_request.trusts():
                     mark = Mark(min(message.position, self._floor()), message.seen)

@@ -177,6 +177,11 @@ class Origin(NamedTuple):
     replayed: bool
 
 
+# An Origin from a (position, seen, replayed) tuple: Origin._make less its length check, a third
+# faster (one per datagram in the unpacker, one per run in the writer).
+as_origin = partial(tuple.__new__, Origin)
+
+
 class Claim(NamedTuple):
     """One partition of a heartbeat: the sender's chain of an incarnation of a source partition
     (where it started, the last offset sent, where the source ended) and whether the incarnation
@@ -227,12 +232,11 @@ class Batch(NamedTuple):
     @classmethod
     def decode(cls, frame) -> "Batch":
         unpacker, origins, claims, beats, mark, notices, lengths, sources = loads(frame)
-        return cls(unpacker, list(map(_origin, origins)), list(map(Claim._make, claims)),
+        return cls(unpacker, list(map(as_origin, origins)), list(map(Claim._make, claims)),
                    beats, None if mark is None else Mark._make(mark), notices, lengths,
                    [_SIDES[kind](fields) for kind, *fields in sources])
 
 
-_origin = partial(tuple.__new__, Origin)  # (Origin._make less its length check: a third faster)
 _SIDES = {"heard": Heard._make, "source": SourceLook._make, "digests": DigestBatch._make,
           "metadata": MetadataLook._make}
 _SIDE_KINDS = {Heard: "heard", SourceLook: "source", DigestBatch: "digests",

@@ -82,7 +82,7 @@ def test_no_module_but_messages_pickles_a_frame():
 @pytest.fixture
 def reader_control():
     """The udp_reader's control endpoint, as it binds it, and a context to ask from."""
-    zctx = zmq.Context.instance()
+    zctx = zmq.Context()  # (its own: an inproc endpoint is unbound with its context)
     endpoint = "inproc://test-messages-replay-control"
     control = transport.pull(zctx, endpoint, 64)
 
@@ -91,7 +91,7 @@ def reader_control():
                                spec=WorkerSpec("receiver", "kafka_writer", 0, ()),
                                peers=lambda purpose: [endpoint])
     yield control, ctx
-    control.close()
+    zctx.destroy(linger=0)
 
 
 def test_a_first_start_asks_nothing_and_trusts_every_stream(reader_control):
