@@ -7,7 +7,9 @@ A message is its control frame, pickled (diode.runtime.transport: cheap for the 
 floats and strings these carry), followed by frames of bytes where it has any. A frame kind that
 shares its queue with others carries its kind first, as a plain tuple (("runs", ...)); the types
 are made on decoding, never pickled themselves (pickling a NamedTuple costs thirty times what
-a tuple does). Records never go through pickle: they travel as run frames (diode.link.runs).
+a tuple does), and only once per message or per side message: a run's Origin stays a plain tuple
+on the writer's side. Records never go through pickle: they travel as run frames
+(diode.link.runs).
 
 The sender (kafka_reader -> packer -> udp_sender, acknowledgements back to the reader):
   kafka_reader -> packer   Runs (then one frame per run), Heartbeat, SourceLook, DigestBatch,
@@ -178,7 +180,7 @@ class Origin(NamedTuple):
 
 
 # An Origin from a (position, seen, replayed) tuple: Origin._make less its length check, a third
-# faster (one per datagram in the unpacker, one per run in the writer).
+# faster (one per datagram, in the unpacker).
 as_origin = partial(tuple.__new__, Origin)
 
 
@@ -215,7 +217,7 @@ class Batch(NamedTuple):
     and the side messages (Heard, SourceLook, DigestBatch, MetadataLook) in the order they
     came. `unpacker`: which unpacker sent it (marks and notices are per unpacker)."""
     unpacker: int
-    origins: list   # [Origin], one per run
+    origins: list   # one per run: an Origin, or once decoded its fields as a plain tuple
     claims: list    # [Claim]
     beats: list     # [dict] (Heartbeat.beat, with session, seen and stopping)
     mark: Mark | None
@@ -232,7 +234,9 @@ class Batch(NamedTuple):
     @classmethod
     def decode(cls, frame) -> "Batch":
         unpacker, origins, claims, beats, mark, notices, lengths, sources = loads(frame)
-        return cls(unpacker, list(map(as_origin, origins)), list(map(Claim._make, claims)),
+        # (origins stay plain tuples, in Origin's field order, for Run.origin: an Origin made
+        # per run would be the one per-run cost of the writer's decoding)
+        return cls(unpacker, origins, list(map(Claim._make, claims)),
                    beats, None if mark is None else Mark._make(mark), notices, lengths,
                    [_SIDES[kind](fields) for kind, *fields in sources])
 
