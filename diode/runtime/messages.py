@@ -182,6 +182,7 @@ class Origin(NamedTuple):
 # An Origin from a (position, seen, replayed) tuple: Origin._make less its length check, a third
 # faster (one per datagram, in the unpacker).
 as_origin = partial(tuple.__new__, Origin)
+_new = tuple.__new__
 
 
 class Claim(NamedTuple):
@@ -227,18 +228,21 @@ class Batch(NamedTuple):
 
     def encode(self) -> bytes:
         unpacker, origins, claims, beats, mark, notices, lengths, sources = self
-        return dumps((unpacker, list(map(tuple, origins)), list(map(tuple, claims)), beats,
-                      None if mark is None else tuple(mark), notices, lengths,
-                      [(_SIDE_KINDS[type(s)], *s) for s in sources]))
+        return dumps((unpacker, list(map(tuple, origins)),
+                      list(map(tuple, claims)) if claims else claims, beats,
+                      mark if mark is None else tuple(mark), notices, lengths,
+                      [(_SIDE_KINDS[type(s)], *s) for s in sources] if sources else sources))
 
     @classmethod
     def decode(cls, frame) -> "Batch":
         unpacker, origins, claims, beats, mark, notices, lengths, sources = loads(frame)
         # (origins stay plain tuples, in Origin's field order, for Run.origin: an Origin made
         # per run would be the one per-run cost of the writer's decoding)
-        return cls(unpacker, origins, list(map(Claim._make, claims)),
-                   beats, None if mark is None else Mark._make(mark), notices, lengths,
-                   [_SIDES[kind](fields) for kind, *fields in sources])
+        # (tuple.__new__, and nothing made for what is empty: most batches carry runs alone)
+        return _new(cls, (unpacker, origins, list(map(Claim._make, claims)) if claims else claims,
+                          beats, mark if mark is None else _new(Mark, mark), notices, lengths,
+                          [_SIDES[kind](fields) for kind, *fields in sources] if sources
+                          else sources))
 
 
 _SIDES = {"heard": Heard._make, "source": SourceLook._make, "digests": DigestBatch._make,
