@@ -39,6 +39,7 @@ from confluent_kafka import (OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError,
 from diode.accounting.digests import Digester, message_hashes
 from diode.link import runs
 from diode.runtime import transport
+from diode.runtime.messages import Acks, DigestBatch, Heartbeat, MetadataLook, Runs, SourceLook
 from diode.kafka import identity, lineage
 from diode.kafka.clients import consumer_config, replicated
 from diode.kafka.metadata import MetadataWatcher, Sent
@@ -375,7 +376,7 @@ class Stage(BaseStage):
         self.seq += 1
         msg_id = self.epoch | self.seq
         self.tracker.dispatched(msg_id, parts)
-        self.out.put([transport.dumps(("runs", self.ctx.spec.index, msg_id, counts)), *frames])
+        self.out.put([Runs(self.ctx.spec.index, msg_id, counts).encode(), *frames])
         self.metrics.inc("records", sum(counts))
         if self.waiting_since is None:
             self.waiting_since = time.monotonic()
@@ -424,7 +425,7 @@ class Stage(BaseStage):
         state = {"reader": self.ctx.spec.index, "time_ms": int(time.time() * 1000),
                  "cluster": self.lineage.cluster, "partitions": parts,
                  "topics": [[t, *found.settings[t]] for t in sorted(found.settings)]}
-        self.out.put([transport.dumps(("source", state))])
+        self.out.put([SourceLook(state).encode()])
 
     def _send_metadata(self, now: float) -> None:
         """The source's metadata (wire.KIND_METADATA) as the watcher last found it: what
@@ -443,9 +444,9 @@ class Stage(BaseStage):
         if not topics and not positions:
             return
         look = self.look
-        self.out.put([transport.dumps(("metadata", {
+        self.out.put([MetadataLook({
             "reader": self.ctx.spec.index, "time_ms": look.time_ms, "cluster": look.cluster,
-            "whole": whole, "topics": topics, "groups": positions}))])
+            "whole": whole, "topics": topics, "groups": positions}).encode()])
         self.meta_sent.sent(look)
         self.metrics.inc("metadata_sent")
         if whole:
@@ -464,7 +465,7 @@ class Stage(BaseStage):
                  "cluster": self.lineage.cluster, "resend": resend,
                  "partitions": [tuple(d) for d in self.digests]}
         self.digests.clear()
-        self.out.put([transport.dumps(("digests", batch))])
+        self.out.put([DigestBatch(batch).encode()])
         self.metrics.inc("digests", len(batch["partitions"]))
 
     def _heartbeat(self, stopping: bool = False) -> bool:
@@ -489,7 +490,7 @@ class Stage(BaseStage):
                 "stopping": stopping}
         sent = not self.out.full
         if sent:
-            self.out.put([transport.dumps(("heartbeat", beat))])
+            self.out.put([Heartbeat(beat).encode()])
             self.metrics.inc("heartbeats")
         if self.digester is not None:
             self._send_digests(time.monotonic())
@@ -499,7 +500,7 @@ class Stage(BaseStage):
     def _take_acks(self):
         progressed = False
         for (frame,) in transport.drain(self.acks):
-            for msg_id, count in transport.loads(frame):
+            for msg_id, count in Acks.decode(frame).acks:
                 self.tracker.acknowledged(msg_id, count)
                 progressed = True
         if progressed:

@@ -69,7 +69,8 @@ from diode.accounting.ordering import PartitionState, SourcePartition
 from diode.link.records import partition_owner
 from diode.link.runs import Run
 from diode.runtime.worker import Stage as BaseStage
-from diode.runtime.replays import ask, request_replay
+from diode.runtime.messages import Batch, DigestBatch, Heard, Mark, MetadataLook
+from diode.runtime.replays import ReplayRequest
 from diode.writer.destination import FLUSH_STEP_SECONDS, Destination
 from diode.writer.link_watch import LinkWatch
 from diode.writer.recovery import Recovery
@@ -80,7 +81,6 @@ MAX_BACKLOG_RECORDS = 20000  # records decoded and waiting for the producer; pas
 MAX_EVENTS = 20000           # events (missing ranges, dead letters) waiting; past it, no input
 INPUT_MESSAGES = 16          # unpacker messages taken per step
 EXPIRE_SECONDS = 0.02       # waiting runs and claims are looked at this often
-ASK_AGAIN_SECONDS = 1.0      # a replay asked for and not begun yet is asked again
 QUEUE_FULL_WAIT_MS = 5       # the producer's queue is full: wait this long for input, not spin
 MAX_READERS = 1024           # the sender's readers whose earliest heartbeat is kept (_heard)
 
@@ -118,13 +118,10 @@ class Stage(BaseStage):
         self.link = LinkWatch(r, self.metrics, self.log, self.dest.emit,
                               lambda: len(self.dest.event_queue), MAX_EVENTS)
         self.next_expire = 0.0
-        # The reader's clock and journal position, per unpacker, from its marks: trusted once
-        # the replay this start asked for has begun there (see stages.udp_reader).
+        # The reader's clock and journal position, per unpacker, from its marks (messages.Mark):
+        # taken once the replay this start asked for has begun there (see stages.udp_reader).
         n = ctx.instances("unpacker")
         self.marks: list = [None] * n
-        # A first start lost nothing (what was sent to it waited for it: the reader replays
-        # the journal itself when it starts); a restart lost what its predecessor held.
-        self.trusted = [ctx.incarnation == 1] * n
         self.durable = r.journal_enabled
         # A restart (of this writer, or of a receiver that checkpointed before): a partition
         # first seen now may have had records sent while no receiver read.
@@ -137,9 +134,10 @@ class Stage(BaseStage):
         self.finish_by = None  # stopping: when to give up waiting for acknowledgements
         if self.durable:
             self.recovery.restore(self._heard)
-        self.started = time.monotonic()
-        self.asking = request_replay(ctx, self.started) if not all(self.trusted) else None
-        self.ask_again = self.started + ASK_AGAIN_SECONDS
+        # A first start lost nothing (what was sent to it waited for it: the reader replays
+        # the journal itself when it starts); a restart lost what its predecessor held, and
+        # asks for it again, one stream per unpacker.
+        self.replay_request = ReplayRequest(ctx, n)
 
     def destination(self, topic: str) -> str:
         if topic == self.schemas_topic:
@@ -183,10 +181,7 @@ class Stage(BaseStage):
         dest.produce_events()
         dest.acknowledged()
         now = time.monotonic()
-        if not all(self.trusted) and now >= self.ask_again:
-            # (asked as of now: a notice that answered the first ask may have been lost)
-            ask(self.asking, self.ctx.spec.name, now)
-            self.ask_again = now + ASK_AGAIN_SECONDS
+        self.replay_request.tick(now)
         if self.recovery.flushing is not None:
             # A checkpoint waits for the destination's acknowledgements: no input meanwhile,
             # as if the flush were one call (the state it records stays what it is).
@@ -249,18 +244,23 @@ class Stage(BaseStage):
         return False
 
     def _take_input(self) -> None:
-        """Offer what the unpackers sent to the partitions' states."""
+        """Offer what the unpackers sent (a messages.Batch each) to the partitions' states: a
+        run goes Run.decode (_decode) -> _offer -> PartitionState.offer (order, duplicates,
+        gaps: diode.accounting.ordering) -> the backlog (_queue) -> _produce_backlog; a claim
+        goes to _claim, a beat to _beat (writer 0), the side messages to _heard, _digests,
+        _metadata and _source; a trusted mark moves the reader's clock (_clock)."""
         for frames in transport.drain(self.input, INPUT_MESSAGES):
-            index, origins, claims, beats, mark, notices, lengths, sources = \
-                transport.loads(frames[0])
-            if not self.trusted[index] and any(n >= self.started for n in notices):
-                self.trusted[index] = True
-            for claim in claims:
-                if claim[:3] in self.recovered or self._recover(*claim[:3]):
+            batch = Batch.decode(frames[0])
+            index = batch.unpacker
+            for started in batch.notices:
+                self.replay_request.noticed(started, index)
+            for claim in batch.claims:
+                held = (claim.topic, claim.partition, claim.incarnation)
+                if held in self.recovered or self._recover(*held):
                     self._claim(claim)
                 else:
-                    self.unrecovered[claim[0]].append(claim)
-            for frame, origin in zip(transport.split(lengths, frames[1]), origins):
+                    self.unrecovered[claim.topic].append(claim)
+            for frame, origin in zip(transport.split(batch.lengths, frames[1]), batch.origins):
                 run = self._decode(frame)
                 if run is None:
                     continue
@@ -271,21 +271,22 @@ class Stage(BaseStage):
                 else:  # the destination cannot be read yet: the run waits (and counts)
                     self.unrecovered[run.topic].append(run)
                     self.backlog_records += len(run)
-            for beat in beats:
+            for beat in batch.beats:
                 self._beat(beat)
-            for state in sources:
-                if state.get("kind") == "heard":
-                    self._heard(state["reader"], state["time_ms"])
-                elif state.get("kind") == "digests":
-                    self._digests(state)
-                elif state.get("kind") == "metadata":
-                    self._metadata(state)
+            for side in batch.sources:
+                if type(side) is Heard:
+                    self._heard(side.reader, side.time_ms)
+                elif type(side) is DigestBatch:
+                    self._digests(side.batch)
+                elif type(side) is MetadataLook:
+                    self._metadata(side.meta)
                 else:
-                    self._source(state)
-            if mark is not None and self.trusted[index]:
+                    self._source(side.state)
+            mark = batch.mark
+            if mark is not None and self.replay_request.trusts(index):
                 m = self.marks[index]
-                self.marks[index] = mark if m is None else (max(m[0], mark[0]),
-                                                            max(m[1], mark[1]))
+                self.marks[index] = mark if m is None else Mark(max(m.position, mark.position),
+                                                            max(m.seen, mark.seen))
 
     def _offer(self, run: Run) -> None:
         source = self.sources.get((run.topic, run.partition))
@@ -327,7 +328,7 @@ class Stage(BaseStage):
         """The reader's clock as far as every unpacker's marks have come (None: not yet)."""
         if None in self.marks:
             return None
-        return min(m[1] for m in self.marks)
+        return min(m.seen for m in self.marks)
 
     def _queue(self, writes: list, state: PartitionState | None = None) -> None:
         """Runs to write, after those already waiting (a resent one cut by its tickets)."""

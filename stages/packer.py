@@ -9,6 +9,15 @@ fragmented; one larger than sender.max.record.bytes goes to the dead-letter topi
 cluster and is acknowledged once it is there. The loop never waits on the source cluster for
 it: the topic is created from a thread, and a dead letter the producer cannot take yet waits in
 the packer (a few of them at most; then the packer takes no input until they are taken).
+
+Records' way through it, one call chain: Stage.step takes a messages.Runs (from_reader) ->
+DatagramBuilder.add (diode.link.batching: runs concatenated up to a datagram, compressed by
+diode.link.codec) -> _seal -> diode.link.wire.Sealer.seal_body (the header, the AEAD seal by
+diode.link.crypto.SessionCipher; with FEC the block's parity too, diode.link.fec) -> _emit ->
+_send -> _put -> a messages.Datagrams to the udp_sender, with what each datagram carries. A
+record too large goes _emit -> _fragment (diode.link.fragments) or _dead_letter. A reader's
+other messages (Heartbeat, SourceLook, DigestBatch, MetadataLook) go _side -> their own
+datagram kinds, sealed after the records before them.
 """
 
 import threading
@@ -21,6 +30,8 @@ from confluent_kafka.admin import AdminClient
 
 from diode.link import codec, crypto, fec, fragments, runs, wire
 from diode.runtime import transport
+from diode.runtime.messages import (Acks, Datagrams, DigestBatch, Heartbeat, MetadataLook, Runs,
+                                    SourceLook, from_reader)
 from diode.link.batching import DatagramBuilder
 from diode.kafka.clients import admin_config, client_settings, create_topic, producer_config
 from diode.kafka.messages import sender_dead_letter_headers
@@ -76,22 +87,13 @@ class Stage(BaseStage):
                 frames = self.input.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            message = transport.loads(frames[0].bytes)
-            if message[0] == "heartbeat":
-                self._heartbeat(message[1])
+            message = from_reader(frames[0].bytes)
+            if type(message) is not Runs:
+                self._side(message)
                 continue
-            if message[0] == "source":
-                self._source(message[1])
-                continue
-            if message[0] == "digests":
-                self._digests(message[1])
-                continue
-            if message[0] == "metadata":
-                self._metadata(message[1])
-                continue
-            _, reader, msg_id, counts = message
-            for run, count in zip(frames[1:], counts):
-                self._emit(*self.builder.add(run.buffer, (reader, msg_id), count))
+            tag = (message.reader, message.msg_id)
+            for run, count in zip(frames[1:], message.counts):
+                self._emit(*self.builder.add(run.buffer, tag, count))
             if self.first_pending is None and self.builder.pending:
                 self.first_pending = now
         now = time.monotonic()
@@ -124,10 +126,21 @@ class Stage(BaseStage):
             self.parity.append(self.sealer.seal(out.payload, wire.KIND_PARITY,
                                                 routing_key=out.block_id))
 
+    def _side(self, message) -> None:
+        """A reader's message other than records, sealed after the records before it."""
+        if type(message) is Heartbeat:
+            self._heartbeat(message.beat)
+        elif type(message) is SourceLook:
+            self._source(message.state)
+        elif type(message) is DigestBatch:
+            self._digests(message.batch)
+        elif type(message) is MetadataLook:
+            self._metadata(message.meta)
+
     def _put(self, datagrams: list, meta: list) -> None:
         """Datagrams to the udp_sender in one frame, with what each acknowledges."""
         lengths, body = transport.join(datagrams)
-        self.out.put([transport.dumps((meta, lengths)), body])
+        self.out.put([Datagrams(meta, lengths).encode(), body])
 
     def _send(self, datagrams, meta) -> None:
         """Datagrams (with what each acknowledges), then any parity that became due."""
@@ -302,7 +315,7 @@ class Stage(BaseStage):
     def _ack(self, tag):
         reader, msg_id = tag
         try:
-            self.acks[reader].send(transport.dumps([(msg_id, 1)]), zmq.NOBLOCK)
+            self.acks[reader].send(Acks([(msg_id, 1)]).encode(), zmq.NOBLOCK)
         except zmq.Again:
             pass  # the reader is gone; its successor re-reads from its commits
 

@@ -16,23 +16,28 @@ Forwarding is a cursor over the journal. While the unpackers keep up, a batch go
 read; while they are behind (a destination outage), the reader keeps reading the socket into the
 journal, up to receiver.journal.max.bytes, and forwards from the journal when there is room.
 
-Messages to an unpacker, a control frame first (pickled, ours alone):
-- ("data", replayed, positions, seen, lengths), then one frame of the datagrams end to end
+Messages to an unpacker (diode.runtime.messages):
+- Data(replayed, positions, seen, lengths), then one frame of the datagrams end to end
   (transport.join): `seen` is this reader's clock when the datagrams were read; `replayed`: they
   come again from the journal after a restart (the unpacker's replay window has seen them, or
   not: their records' dedup decides);
-- ("mark", position, seen): every datagram below `position`, and every one read before `seen`,
+- Mark(position, seen): every datagram below `position`, and every one read before `seen`,
   has been forwarded in this message stream. Writers measure the reorder wait on this clock, so
   a queue or a dead worker downstream never turns into a false gap, and checkpoint up to the
   position. No mark goes out while a replay is under way;
-- ("notice", started): a replay started at `started`; a worker that asked for a replay before
+- Notice(started): a replay started at `started`; a worker that asked for a replay before
   then has its lost input coming.
+
+A datagram's way through it: Stage.step -> _receive (the socket, GRO segments split by
+diode.link.offload) -> _accept (the fixed header's routing key: diode.link.wire.routing_key) ->
+_append (the journal) -> _forward, or later _forward_from_journal -> a Data message to the
+unpacker of its lane.
 
 The reader replays the journal when it starts, from the lowest low water of the writers'
 checkpoints (diode.runtime.checkpoints), and again whenever a restarted unpacker or writer asks on
-the control endpoint (diode.runtime.replays; a first start has lost nothing: what was sent to it
-waited for it). Without a journal (receiver.journal.enabled false) positions only count datagrams
-and nothing is replayed.
+the control endpoint (a ReplayAsk: diode.runtime.replays; a first start has lost nothing: what
+was sent to it waited for it). Without a journal (receiver.journal.enabled false) positions only
+count datagrams and nothing is replayed.
 """
 
 import errno
@@ -42,6 +47,7 @@ import time
 from collections import deque
 
 from diode.runtime import checkpoints, replays, transport
+from diode.runtime.messages import Data, Mark, Notice
 from diode.link import admission, offload, path, udpstat, wire
 from diode.errors import DiodeError, RejectedDatagram
 from diode.runtime.journal import HEADER, Journal, JournalError, JournalFull
@@ -306,7 +312,7 @@ class Stage(BaseStage):
         for out, (positions, frames) in zip(self.outs, per):
             if frames:
                 lengths, body = transport.join(frames)
-                out.put([transport.dumps(("data", replayed, positions, seen, lengths)), body])
+                out.put([Data(replayed, positions, seen, lengths).encode(), body])
         if replayed:
             self.metrics.inc("replayed_datagrams", len(items))
 
@@ -362,7 +368,7 @@ class Stage(BaseStage):
         else:
             self.times.clear()
             seen = now
-        frame = transport.dumps(("mark", self.cursor, seen))
+        frame = Mark(self.cursor, seen).encode()
         for out in self.outs:
             if not out.full:
                 out.put([frame])
@@ -387,7 +393,7 @@ class Stage(BaseStage):
                 self.reading = None
             self.replay_end = max(self.replay_end, self.end)
             self.metrics.inc("replays")
-        frame = transport.dumps(("notice", now))
+        frame = Notice(now).encode()
         for out in self.outs:
             out.put([frame])
 

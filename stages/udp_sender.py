@@ -4,6 +4,10 @@ It paces datagrams to link.rate.mbps (diode.link.pacing: the kernel's fq where t
 it, a sleeping pacer always) and, once the kernel has taken a datagram, acknowledges its records
 to the readers that read them: only then may their offsets be committed. Consecutive datagrams of
 one size leave in one call (UDP GSO, diode.link.offload) where the kernel takes it.
+
+A datagram's way through it: Stage.step takes a messages.Datagrams from a packer -> the backlog
+-> _send_backlog (the pacer's wait, diode.link.offload.send_batch, link.copies times) ->
+_flush_acks -> a messages.Acks to each reader whose records it carried.
 """
 
 import socket
@@ -14,6 +18,7 @@ import zmq
 
 from diode.link import offload, pacing, path
 from diode.runtime import transport
+from diode.runtime.messages import Acks, Datagrams
 from diode.runtime.worker import Stage as BaseStage
 
 # UDP and IPv4 headers: pacing counts what the link carries.
@@ -51,8 +56,9 @@ class Stage(BaseStage):
         if not got:
             return True
         for frames in transport.drain(self.input, 16):
-            meta, lengths = transport.loads(frames[0])
-            self.backlog.extend(zip(transport.split(lengths, frames[1]), meta))
+            message = Datagrams.decode(frames[0])
+            self.backlog.extend(zip(transport.split(message.lengths, frames[1]),
+                                    message.carried))
         self._send_backlog()
         return True
 
@@ -104,7 +110,7 @@ class Stage(BaseStage):
         for reader in list(self.pending_acks):
             acks = self.pending_acks[reader]
             try:
-                self.acks[reader].send(transport.dumps(acks), zmq.NOBLOCK)
+                self.acks[reader].send(Acks(acks).encode(), zmq.NOBLOCK)
             except zmq.Again:
                 del acks[:-MAX_PENDING_ACKS]
                 continue

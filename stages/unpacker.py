@@ -1,5 +1,14 @@
 """unpacker: verifies, decrypts and decompresses datagrams, and forwards their runs.
 
+A datagram's way through it, one call chain: Stage.step takes a messages.Data from the
+udp_reader -> Stage.unpack(datagram) -> diode.link.wire.unseal (the fixed header parsed, the
+AEAD tag verified and the payload decrypted by diode.link.crypto.Keyring.open, the sequence
+number checked by the replay window, the payload decompressed by diode.link.codec) -> by kind:
+heartbeat, source look, digests, metadata (decoded by diode.link.wire), parity (diode.link.fec),
+fragment (diode.link.fragments, decompressed once reassembled), else data ->
+diode.link.runs.split_payload -> each run to the ToWriter of the writer owning its partition
+-> a messages.Batch per writer at the end of the step.
+
 Nothing in a datagram is trusted before its AEAD tag verifies over the header and the payload
 (the keyring holds the current key and, during a rotation, the next; rebuilt on a reload);
 a datagram of a session is accepted once (diode.link.replay.ReplayWindow).
@@ -14,22 +23,37 @@ reader's clock when that was read, and whether it is a replay. The reader's mark
 writer, held back to the oldest datagram still buffered here for reassembly or recovery, so a
 writer never checkpoints past what a restart would need. A restarted unpacker asks the reader
 for a replay (what it held died with its predecessor) and forwards no mark until the replay has
-begun (see stages.udp_reader).
+begun (diode.runtime.replays.ReplayRequest; see stages.udp_reader).
 """
 
 import time
 
 from diode.link import codec, fec, fragments, runs, wire
 from diode.runtime import transport
+from diode.runtime.messages import (Batch, Claim, Data, DigestBatch, Heard, Mark, MetadataLook,
+                                    Notice, Origin, SourceLook, as_origin, from_udp_reader)
 from diode.link.crypto import Keyring
 from diode.errors import RejectedDatagram
 from diode.link.records import partition_owner
 from diode.link.replay import ReplayWindow
 from diode.runtime.worker import Stage as BaseStage
-from diode.runtime.replays import ask, request_replay
+from diode.runtime.replays import ReplayRequest
 
-ASK_AGAIN_SECONDS = 1.0
 SESSION_WINDOW = 30.0
+
+
+class ToWriter:
+    """What one step gathers for one kafka_writer (a messages.Batch once sent): the runs of
+    the partitions it owns with their origins, heartbeat claims, beats (writer 0) and the side
+    messages, in the order they came."""
+
+    __slots__ = ("beats", "claims", "origins", "runs", "sources")
+
+    def __init__(self):
+        self.runs, self.origins, self.claims, self.beats, self.sources = [], [], [], [], []
+
+    def __bool__(self) -> bool:
+        return bool(self.runs or self.claims or self.beats or self.sources)
 
 
 class Stage(BaseStage):
@@ -53,10 +77,7 @@ class Stage(BaseStage):
         self.held: dict = {}  # ("fec" | "fragments", session, id) -> lowest journal position
         # A first start lost nothing (what was sent to it waited for it); a restart lost what
         # its predecessor held, and asks the reader to replay it, trusting no mark until then.
-        self.started = time.monotonic()
-        self.trusted = ctx.incarnation == 1
-        self.asking = request_replay(ctx, self.started) if not self.trusted else None
-        self.ask_again = self.started + ASK_AGAIN_SECONDS
+        self.replay_request = ReplayRequest(ctx)
 
     def _keyring(self) -> Keyring:
         sec = self.ctx.secrets
@@ -73,10 +94,7 @@ class Stage(BaseStage):
         if now >= self.next_expire:
             self._expire_fragments(now)
             self.next_expire = now + 0.5
-        if not self.trusted and now >= self.ask_again:
-            # (asked as of now: a notice that answered the first ask may have been lost)
-            ask(self.asking, self.ctx.spec.name, now)
-            self.ask_again = now + ASK_AGAIN_SECONDS
+        self.replay_request.tick(now)
         if not all(o.flush() for o in self.outs):
             time.sleep(0.001)
             return True
@@ -85,29 +103,27 @@ class Stage(BaseStage):
             return False
         if not got:
             return True
-        # per writer: run frames, their origins, heartbeat claims, beats, source states,
-        # digests, metadata and the readers heard
-        msgs = [([], [], [], [], []) for _ in self.outs]
+        msgs = [ToWriter() for _ in self.outs]
         mark, notices = None, []
         for frames in transport.drain(self.input, 8):
-            control = transport.loads(frames[0])
-            if control[0] == "data":
-                _, replayed, positions, seen, lengths = control
-                for position, datagram in zip(positions, transport.split(lengths, frames[1])):
-                    self.unpack(datagram, msgs, (position, seen, replayed))
-            elif control[0] == "mark":
-                if self.trusted:
-                    mark = (min(control[1], self._floor()), control[2])
-            elif control[0] == "notice":
-                notices.append(control[1])
+            message = from_udp_reader(frames[0])
+            if type(message) is Data:
+                replayed, seen = message.replayed, message.seen
+                for position, datagram in zip(message.positions,
+                                              transport.split(message.lengths, frames[1])):
+                    self.unpack(datagram, msgs, as_origin((position, seen, replayed)))
+            elif type(message) is Mark:
+                if self.replay_request.trusts():
+                    mark = Mark(min(message.position, self._floor()), message.seen)
+            elif type(message) is Notice:
+                notices.append(message.started)
                 mark = None  # (a mark from before a replay began must not follow its notice)
-                if control[1] >= self.started:
-                    self.trusted = True
-        for out, (frames, origins, claims, beats, sources) in zip(self.outs, msgs):
-            if frames or claims or beats or sources or mark or notices:
-                lengths, body = transport.join(frames)
-                out.put([transport.dumps((self.ctx.spec.index, origins, claims, beats, mark,
-                                          notices, lengths, sources)), body])
+                self.replay_request.noticed(message.started)
+        for out, m in zip(self.outs, msgs):
+            if m or mark or notices:
+                lengths, body = transport.join(m.runs)
+                out.put([Batch(self.ctx.spec.index, m.origins, m.claims, m.beats, mark, notices,
+                               lengths, m.sources).encode(), body])
         return True
 
     def sample_metrics(self):
@@ -130,14 +146,13 @@ class Stage(BaseStage):
         """Remember the first journal position of a group being buffered; returns it."""
         return self.held.setdefault((kind, session, group), position)
 
-    def unpack(self, datagram, msgs, origin) -> None:
-        """Open one datagram into the per-writer messages. Never raises. `origin`: (journal
-        position, reader clock when read, replayed)."""
+    def unpack(self, datagram, msgs: list, origin: Origin) -> None:
+        """Open one datagram into the per-writer messages (ToWriter). Never raises."""
         try:
             # A datagram replayed from the journal went through a replay window when it first
             # came (this one may or may not have seen it): the writers' dedup decides now.
             h, payload = wire.unseal(datagram, self.keyring,
-                                     None if origin[2] else self.replay)
+                                     None if origin.replayed else self.replay)
             self.sessions[0].add(h.session_id)  # (authenticated: its tag verified)
             if h.kind == wire.KIND_HEARTBEAT:
                 self._heartbeat(h, wire.decode_heartbeat(payload), msgs, origin)
@@ -149,7 +164,7 @@ class Stage(BaseStage):
                 self._digests(wire.decode_digests(payload), msgs)
                 return
             if h.kind == wire.KIND_METADATA:  # (writer 0 applies it: diode.kafka.metasync)
-                msgs[0][4].append({**wire.decode_metadata(payload), "kind": "metadata"})
+                msgs[0].sources.append(MetadataLook(wire.decode_metadata(payload)))
                 return
             if h.kind == wire.KIND_PARITY:
                 self._parity(h, payload, msgs, origin)
@@ -158,16 +173,17 @@ class Stage(BaseStage):
                 recovered = self.fec.data(h.session_id, h.routing_key, h.seq, bytes(datagram),
                                           time.monotonic())
                 if self.fec.holds(h.session_id, h.routing_key) or recovered:
-                    first = self._hold("fec", h.session_id, h.routing_key, origin[0])
-                    self._recovered(recovered, msgs, (first, *origin[1:]))
+                    first = self._hold("fec", h.session_id, h.routing_key, origin.position)
+                    self._recovered(recovered, msgs, origin._replace(position=first))
             if h.kind == wire.KIND_FRAGMENT:
                 fragment = fragments.parse(payload)
                 payload = self.reassembler.add(h.session_id, fragment, time.monotonic())
                 self.metrics.inc("fragments")
-                first = self._hold("fragments", h.session_id, fragment.group_id, origin[0])
+                first = self._hold("fragments", h.session_id, fragment.group_id,
+                                   origin.position)
                 if payload is None:
                     return
-                origin = (first, *origin[1:])
+                origin = origin._replace(position=first)
                 payload = codec.decompress(h.compression, payload, self.record_limit)
                 self.metrics.inc("reassembled_records")
             found = runs.split_payload(payload)
@@ -182,8 +198,8 @@ class Stage(BaseStage):
         owners = len(msgs)
         for topic, partition, count, run in found:
             m = msgs[partition_owner(topic, partition, owners)]
-            m[0].append(run)
-            m[1].append(origin)
+            m.runs.append(run)
+            m.origins.append(origin)
             self.metrics.inc("records", count)
 
     def _parity(self, h, payload, msgs, origin) -> None:
@@ -196,8 +212,8 @@ class Stage(BaseStage):
         self.metrics.inc("parity_datagrams")
         recovered = self.fec.parity(h.session_id, parity, time.monotonic())
         if self.fec.holds(h.session_id, parity.block_id) or recovered:
-            first = self._hold("fec", h.session_id, parity.block_id, origin[0])
-            self._recovered(recovered, msgs, (first, *origin[1:]))
+            first = self._hold("fec", h.session_id, parity.block_id, origin.position)
+            self._recovered(recovered, msgs, origin._replace(position=first))
 
     def _recovered(self, datagrams, msgs, origin) -> None:
         """Datagrams rebuilt from parity: opened like any other (their own tags verify them)."""
@@ -226,8 +242,9 @@ class Stage(BaseStage):
         for m, entries in zip(msgs, per):
             if entries:
                 named = {e[0] for e in entries}
-                m[4].append({**state, "partitions": entries,
-                             "topics": [t for t in state["topics"] if t[0] in named]})
+                m.sources.append(SourceLook({
+                    **state, "partitions": entries,
+                    "topics": [t for t in state["topics"] if t[0] in named]}))
 
     def _digests(self, batch: dict, msgs) -> None:
         """A reader's digests: each to the writer owning its partition, with the sources'
@@ -237,7 +254,7 @@ class Stage(BaseStage):
             per[partition_owner(entry[0], entry[1], len(msgs))].append(entry)
         for m, entries in zip(msgs, per):
             if entries:
-                m[4].append({**batch, "kind": "digests", "partitions": entries})
+                m.sources.append(DigestBatch({**batch, "partitions": entries}))
 
     def _heartbeat(self, h, beat, msgs, origin) -> None:
         """Claims go to the writers owning their partitions, with the beat's reader and sender
@@ -245,15 +262,16 @@ class Stage(BaseStage):
         it is accounted from its start: diode.accounting.ordering); the beat itself to writer
         0."""
         self.metrics.inc("heartbeats")
-        _, seen, replayed = origin
+        seen, live = origin.seen, not origin.replayed
         reader, sent = beat["reader"], beat["time_ms"]
         for t, p, incarnation, start, last, end, retired in beat["partitions"]:
-            msgs[partition_owner(t, p, len(msgs))][2].append(
-                (t, p, incarnation, start, last, end, retired, seen, not replayed, reader, sent))
+            msgs[partition_owner(t, p, len(msgs))].claims.append(Claim(
+                t, p, incarnation, start, last, end, retired, seen, live, reader, sent))
+        heard = Heard(reader, sent)
         for m in msgs:
-            m[4].append({"kind": "heard", "reader": reader, "time_ms": sent})
-        if not replayed:
+            m.sources.append(heard)
+        if live:
             beat["session"] = f"{h.session_id:016x}"
             beat["seen"] = seen
             beat["stopping"] = bool(h.flags & wire.FLAG_STOPPING)
-            msgs[0][3].append(beat)
+            msgs[0].beats.append(beat)

@@ -34,7 +34,8 @@ def push(ctx: zmq.Context, endpoints, hwm: int) -> zmq.Socket:
 
 def dumps(obj) -> bytes:
     """The control frame of a message between our own processes (never anything from the
-    network). Records never go through pickle: they travel as run frames (diode.link.runs)."""
+    network), for diode.runtime.messages, where every kind is defined. Records never go through
+    pickle: they travel as run frames (diode.link.runs)."""
     return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 

@@ -174,10 +174,10 @@ class Recovery:
 
     def low_water(self, marks: list):
         """The journal position below which nothing this writer still needs lies, given the
-        unpackers' marks: None until every one is trusted."""
+        unpackers' marks (messages.Mark): None until every one is trusted."""
         if None in marks:
             return None
-        low = min(m[0] for m in marks)
+        low = min(m.position for m in marks)
         for source in self.sources.values():
             for state in source.states():
                 if state.pending:

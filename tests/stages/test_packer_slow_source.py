@@ -11,7 +11,7 @@ import pytest
 
 from diode.link import crypto, runs, wire
 from diode.link.records import Record
-from diode.runtime import transport
+from diode.runtime import messages, transport
 from diode.runtime.topology import from_dict
 from diode.runtime.worker import SLOW_STEP_SECONDS
 from tests.conftest import consume, free_port, headers_of
@@ -46,8 +46,8 @@ def test_a_dead_letter_never_holds_the_packer_while_the_source_cluster_is_frozen
     crossed, longest = [], 0.0
     try:
         src.pause()
-        feed.send_multipart([transport.dumps(("runs", 0, 7, [1])), runs.from_records([big])])
-        feed.send_multipart([transport.dumps(("runs", 0, 8, [100])), runs.from_records(small)])
+        feed.send_multipart([messages.Runs(0, 7, [1]).encode(), runs.from_records([big])])
+        feed.send_multipart([messages.Runs(0, 8, [100]).encode(), runs.from_records(small)])
         deadline = time.monotonic() + 3  # (the topic's creation waits up to 15 s meanwhile)
         while time.monotonic() < deadline:
             began = time.monotonic()
@@ -65,7 +65,8 @@ def test_a_dead_letter_never_holds_the_packer_while_the_source_cluster_is_frozen
     while not acked:
         assert time.monotonic() < deadline, "the dead letter was never acknowledged"
         p.step()
-        acked = [a for frames in transport.drain(acks) for a in transport.loads(frames[0])]
+        acked = [a for frames in transport.drain(acks)
+                 for a in messages.Acks.decode(frames[0]).acks]
     assert acked == [(7, 1)]
     p.close()
     dead = consume(src.bootstrap, "too-big", 1)

@@ -12,7 +12,7 @@ import zmq
 
 from diode.kafka import identity
 from diode.link import admission, crypto, runs, wire
-from diode.runtime import transport
+from diode.runtime import messages, transport
 from diode.runtime.metrics import Metrics
 from diode.link.records import NO_INCARNATION, Record, partition_owner
 from diode.runtime.topology import from_dict
@@ -21,6 +21,7 @@ from diode.writer.destination import Entry
 from diode.runtime.worker import Secrets, StageContext, stage_class
 from tests.conftest import free_port
 from stages import udp_reader
+from stages.unpacker import ToWriter
 
 MASTER = crypto.master_key_from_password(b"pw", b"salt")
 
@@ -71,26 +72,27 @@ def writer_messages(sock):
     notices left out)."""
     out = []
     for frames in transport.drain(sock):
-        _, origins, claims, beats, _, _, lengths, _ = transport.loads(frames[0])
-        found = transport.split(lengths, frames[1])
-        assert len(origins) == len(found)
-        if found or claims or beats:
-            out.append(([r for f in found for r in runs.Run.decode(f).records()], claims,
-                        beats))
+        batch = messages.Batch.decode(frames[0])
+        found = transport.split(batch.lengths, frames[1])
+        assert len(batch.origins) == len(found)
+        if found or batch.claims or batch.beats:
+            out.append(([r for f in found for r in runs.Run.decode(f).records()], batch.claims,
+                        batch.beats))
     return out
 
 
 def datagrams_message(*datagrams, first=0):
     """What the udp_reader sends an unpacker: datagrams read just now, at journal positions."""
     lengths, body = transport.join(list(datagrams))
-    return [transport.dumps(("data", False, list(range(first, first + len(datagrams))),
-                             time.monotonic(), lengths)), body]
+    return [messages.Data(False, list(range(first, first + len(datagrams))), time.monotonic(),
+                          lengths).encode(), body]
 
 
 def datagrams_in(frames) -> list:
     """The datagrams of a message from the udp_reader (none in a mark or a notice)."""
-    control = transport.loads(frames[0])
-    return transport.split(control[4], frames[1]) if control[0] == "data" else []
+    message = messages.from_udp_reader(frames[0])
+    return transport.split(message.lengths, frames[1]) \
+        if isinstance(message, messages.Data) else []
 
 
 def unpacker_with_writers(zctx, writers: int):
@@ -154,7 +156,7 @@ def test_the_sources_state_crosses_to_the_writers_owning_its_partitions(zctx):
              "partitions": [["t", i, inc, 10 * i, 100 + i] for i in range(6)] +
                            [["u", 0, inc, 0, 7]],
              "topics": [["t", 3600000, -1, "delete"], ["u", -2, -2, ""]]}
-    feed.send_multipart([transport.dumps(("source", state))])
+    feed.send_multipart([messages.SourceLook(state).encode()])
     sent = []
     deadline = time.monotonic() + 5
     while not sent and time.monotonic() < deadline:
@@ -168,7 +170,8 @@ def test_the_sources_state_crosses_to_the_writers_owning_its_partitions(zctx):
         u.step()
         for i, w in enumerate(writers):
             for frames in transport.drain(w):
-                for source in transport.loads(frames[0])[7]:
+                for side in messages.Batch.decode(frames[0]).sources:
+                    source = side.state
                     named = {e[0] for e in source["partitions"]}
                     assert {t[0] for t in source["topics"]} == named
                     got += [(i, e) for e in source["partitions"]]
@@ -188,7 +191,7 @@ def test_the_sources_metadata_crosses_whole_in_as_many_datagrams_as_it_needs(zct
                                                        "retention.ms": str(1000 * i)})
                        for i in range(300)],
             "groups": [(f"g{i % 5}", f"topic-{i}", i % 3, inc, 10 * i) for i in range(200)]}
-    feed.send_multipart([transport.dumps(("metadata", meta))])
+    feed.send_multipart([messages.MetadataLook(meta).encode()])
     sent = []
     deadline = time.monotonic() + 5
     while not sent and time.monotonic() < deadline:
@@ -203,11 +206,11 @@ def test_the_sources_metadata_crosses_whole_in_as_many_datagrams_as_it_needs(zct
         u.step()
         for i, w in enumerate(writers):
             for frames in transport.drain(w):
-                got[i] += transport.loads(frames[0])[7]
+                got[i] += messages.Batch.decode(frames[0]).sources
     assert not got[1] and not got[2]
-    assert all(m["kind"] == "metadata" for m in got[0])
-    assert [t for m in got[0] for t in m["topics"]] == meta["topics"]
-    assert [g for m in got[0] for g in m["groups"]] == meta["groups"]
+    assert all(isinstance(m, messages.MetadataLook) for m in got[0])
+    assert [t for m in got[0] for t in m.meta["topics"]] == meta["topics"]
+    assert [g for m in got[0] for g in m.meta["groups"]] == meta["groups"]
     u.close()
 
 
@@ -295,18 +298,18 @@ def packer_step(p, out) -> list:
     p.step()
     sent = []
     for frames in transport.drain(out):
-        meta, lengths = transport.loads(frames[0])
-        found = transport.split(lengths, frames[1])
-        assert len(meta) == len(found)
-        sent += zip(found, meta)
+        message = messages.Datagrams.decode(frames[0])
+        found = transport.split(message.lengths, frames[1])
+        assert len(message.carried) == len(found)
+        sent += zip(found, message.carried)
     return sent
 
 
 def test_packer_fills_datagrams_and_reports_what_each_carries(zctx):
     p, feed, out = packer_wired(zctx)
     recs = records(500)
-    feed.send_multipart([transport.dumps(("runs", 0, 77, [300])), runs.from_records(recs[:300])])
-    feed.send_multipart([transport.dumps(("runs", 0, 78, [200])), runs.from_records(recs[300:])])
+    feed.send_multipart([messages.Runs(0, 77, [300]).encode(), runs.from_records(recs[:300])])
+    feed.send_multipart([messages.Runs(0, 78, [200]).encode(), runs.from_records(recs[300:])])
     got, acks = [], {}
     keyring = crypto.Keyring(1, MASTER)
     deadline = time.monotonic() + 5
@@ -329,8 +332,8 @@ def test_packer_seals_a_readers_heartbeat_after_what_it_holds(zctx):
     claim = ["t", 0, bytes(range(16)), 0, 4, 4, False]
     beat = {"reader": 0, "time_ms": 1, "interval_ms": 1000, "partitions": [claim],
             "cluster": "c", "counters": {"records": 5, "rewinds": 0, "inflight": 0}}
-    feed.send_multipart([transport.dumps(("runs", 0, 77, [5])), runs.from_records(recs)])
-    feed.send_multipart([transport.dumps(("heartbeat", beat))])
+    feed.send_multipart([messages.Runs(0, 77, [5]).encode(), runs.from_records(recs)])
+    feed.send_multipart([messages.Heartbeat(beat).encode()])
     keyring = crypto.Keyring(1, MASTER)
     kinds, beats = [], []
     deadline = time.monotonic() + 5
@@ -353,8 +356,8 @@ def test_a_stopping_readers_heartbeat_crosses_marked_stopping(zctx):
     p, feed, out = packer_wired(zctx)
     beat = {"reader": 0, "time_ms": 1, "interval_ms": 1000, "partitions": [],
             "cluster": "c", "counters": {}}
-    feed.send_multipart([transport.dumps(("heartbeat", beat))])
-    feed.send_multipart([transport.dumps(("heartbeat", {**beat, "stopping": True}))])
+    feed.send_multipart([messages.Heartbeat(beat).encode()])
+    feed.send_multipart([messages.Heartbeat({**beat, "stopping": True}).encode()])
     sealed: list = []
     deadline = time.monotonic() + 5
     while len(sealed) < 2 and time.monotonic() < deadline:
@@ -384,14 +387,16 @@ def test_writer_reports_a_clean_stop_once_and_a_silence_after_the_sender_came_ba
         sent = [{"reader": r, "time_ms": 1764111600000, "interval_ms": 1000,
                  "partitions": [], "cluster": "c", "counters": {}, "session": "01",
                  "seen": clock, "stopping": s} for r, s in enumerate(stopping)]
-        feed.send_multipart([transport.dumps((0, [], [], sent, (0, clock), [], [], [])), b""])
+        feed.send_multipart([messages.Batch(0, [], [], sent, messages.Mark(0, clock), [], [],
+                                            []).encode(), b""])
         seen["beats"] += len(sent)
         seen["last"] = clock
         run_until(w, lambda: w.metrics.get("heartbeats") >= seen["beats"])
 
     def quiet_until(clock):
         """The reader's clock (its marks) moves on to `clock` with no heartbeat."""
-        feed.send_multipart([transport.dumps((0, [], [], [], (0, clock), [], [], [])), b""])
+        feed.send_multipart([messages.Batch(0, [], [], [], messages.Mark(0, clock), [], [],
+                                            []).encode(), b""])
         run_until(w, lambda: w.metrics.get("link_heartbeat_age_seconds") >=
                   clock - seen["last"])
 
@@ -428,7 +433,8 @@ def test_udp_sender_keeps_acknowledgements_until_its_reader_is_there(zctx, tmp_p
     s.open()
     feed = transport.push(zctx, [s.ctx.bound("in")], 10)  # as a packer reaches it
     lengths, body = transport.join([b"one", b"two"])
-    feed.send_multipart([transport.dumps(([[(0, 77, 5)], [(0, 78, 2)]], lengths)), body])
+    feed.send_multipart([messages.Datagrams([[(0, 77, 5)], [(0, 78, 2)]], lengths).encode(),
+                         body])
     run_until(s, lambda: s.metrics.get("datagrams") == 2)
     for _ in range(3):
         s.step()  # no reader yet
@@ -437,7 +443,7 @@ def test_udp_sender_keeps_acknowledgements_until_its_reader_is_there(zctx, tmp_p
     deadline = time.monotonic() + 5
     while not got and time.monotonic() < deadline:
         s.step()
-        got += [transport.loads(f[0]) for f in transport.drain(acks)]
+        got += [messages.Acks.decode(f[0]).acks for f in transport.drain(acks)]
     assert got == [[(77, 5), (78, 2)]]
     assert link.recv(100) == b"one"
     link.close()
@@ -461,8 +467,8 @@ def test_hostile_datagrams_never_raise_never_yield_records_and_are_all_counted(d
     if HOSTILE is None:
         HOSTILE = _unpacker_for_fuzzing()
         HOSTILE.seen = valid_datagram(records(3), session=4242)
-        HOSTILE.unpack(HOSTILE.seen, [([], [], [], []) for _ in range(2)],
-                       (0, 0.0, False))  # accepted once
+        HOSTILE.unpack(HOSTILE.seen, [ToWriter() for _ in range(2)],
+                       messages.Origin(0, 0.0, False))  # accepted once
     u = HOSTILE
     good = u.seen
     kind = data.draw(st.sampled_from(["random", "truncated", "flipped", "replayed",
@@ -488,9 +494,9 @@ def test_hostile_datagrams_never_raise_never_yield_records_and_are_all_counted(d
                              data.draw(st.integers(0, 2**64 - 1)), 0).pack()
         dg = header + data.draw(st.binary(max_size=500))
     before = sum(v for (name, _), v in u.metrics.counters.items() if name == "rejects")
-    msgs = [([], [], [], []) for _ in range(2)]
-    u.unpack(dg, msgs, (1, 0.0, False))  # must not raise
-    assert all(not frames and not claims and not beats for frames, _, claims, beats in msgs)
+    msgs = [ToWriter() for _ in range(2)]
+    u.unpack(dg, msgs, messages.Origin(1, 0.0, False))  # must not raise
+    assert all(not m.runs and not m.claims and not m.beats for m in msgs)
     after = sum(v for (name, _), v in u.metrics.counters.items() if name == "rejects")
     assert after == before + 1
     assert u.metrics.get("rejects", reason="internal_error") == 0
@@ -507,11 +513,11 @@ def test_writer_counts_and_drops_runs_it_cannot_decode_or_does_not_own(zctx):
     good = runs.from_records(records(3, partition=mine), 8)
     broken = bytearray(good)
     struct.pack_into("<q", broken, runs.HEADER_BYTES + 1 + 8, 0)  # offsets 0, 0, 2
-    origin = (0, time.monotonic(), False)
+    origin = messages.Origin(0, time.monotonic(), False)
     lengths, body = transport.join([b"garbage", bytes(broken),
                                     runs.from_records(records(3, partition=theirs), 8), good])
-    feed.send_multipart([transport.dumps((0, [origin] * 4, [], [], None, [], lengths, [])),
-                         body])
+    feed.send_multipart([messages.Batch(0, [origin] * 4, [], [], None, [], lengths,
+                                        []).encode(), body])
     run_until(w, lambda: w.metrics.get("rejects", reason="misrouted") == 1, timeout=15)
     assert w.metrics.get("rejects", reason="decode_failed") == 2
     # the good run waits for its destination (there is none to read or write here)

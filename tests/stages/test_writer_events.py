@@ -13,7 +13,7 @@ import pytest
 from diode.kafka import messages as events
 from diode.link import runs
 from diode.link.records import RESEND
-from diode.runtime import transport
+from diode.runtime import messages, transport
 from diode.runtime.topology import from_dict
 from tests.conftest import consume, free_port
 from tests.stages.test_stages import make_stage, records, source
@@ -24,9 +24,9 @@ pytestmark = pytest.mark.integration  # (a broker is started)
 def send(feed, frames: list, position: int, clock: float) -> None:
     """Runs as an unpacker hands them on, with the reader's mark: its clock at `clock`."""
     lengths, body = transport.join(frames)
-    feed.send_multipart([transport.dumps(
-        (0, [(position, clock, False)] * len(frames), [], [], (position, clock), [], lengths,
-         [])), body])
+    feed.send_multipart([messages.Batch(
+        0, [messages.Origin(position, clock, False)] * len(frames), [], [],
+        messages.Mark(position, clock), [], lengths, []).encode(), body])
 
 
 def test_every_event_the_writer_writes_has_exactly_the_defined_fields(zctx, start_brokers):

@@ -10,7 +10,7 @@ import pytest
 
 from diode.link import runs
 from diode.link.records import partition_owner
-from diode.runtime import transport
+from diode.runtime import messages, transport
 from diode.runtime.topology import from_dict
 from diode.runtime.worker import SLOW_STEP_SECONDS
 from tests.conftest import consume, free_port, source_coordinates
@@ -43,8 +43,9 @@ def test_a_writer_holds_its_records_without_waiting_while_the_destination_is_fro
         dst.pause()
         for start in range(0, len(recs), 100):  # three runs, one after the other
             lengths, body = transport.join([runs.from_records(recs[start:start + 100], 8)])
-            feed.send_multipart([transport.dumps(
-                (0, [(start, time.monotonic(), False)], [], [], None, [], lengths, [])), body])
+            feed.send_multipart([messages.Batch(
+                0, [messages.Origin(start, time.monotonic(), False)], [], [], None, [], lengths,
+                []).encode(), body])
         # until the destination has failed to answer at least once
         deadline = time.monotonic() + 60
         while w.metrics.get("errors", reason="recovery") < 1:

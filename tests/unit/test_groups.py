@@ -1,6 +1,6 @@
 """The pure parts of consumer-group translation (diode.kafka.groups): the search over a
 partition's provenance headers against a linear reading of the same partition, and what it
-costs (the checkpoint records: tests/unit/test_messages.py)."""
+costs (the checkpoint records: tests/unit/test_kafka_messages.py)."""
 
 import bisect
 import random

@@ -8,6 +8,7 @@ import time
 from diode.accounting.ordering import PartitionState, SourcePartition
 from diode.kafka.preparer import HoldingsAnswer
 from diode.link.records import NO_INCARNATION
+from diode.runtime.messages import Mark
 from diode.writer.recovery import Recovery
 from tests.unit.writer_fakes import LOG, metrics, run, settings
 
@@ -36,7 +37,7 @@ def test_a_checkpoint_is_saved_once_acknowledged_and_restores_the_partitions(tmp
     answers = iter(["waiting", None])
     rec.checkpoint(time.monotonic(), [None], {}, lambda wait: next(answers))
     assert rec.flushing is None and not list(tmp_path.iterdir())  # marks not trusted: none
-    rec.checkpoint(time.monotonic(), [(100, 5.0)], {3: 17}, lambda wait: next(answers))
+    rec.checkpoint(time.monotonic(), [Mark(100, 5.0)], {3: 17}, lambda wait: next(answers))
     assert rec.flushing is not None and rec.metrics.get("checkpoints") == 0
     rec.flushed(time.monotonic(), lambda wait: next(answers))
     assert rec.flushing is None and rec.metrics.get("checkpoints") == 1
