@@ -1,7 +1,7 @@
 """What crosses between the pipeline's processes: one typed message per ZeroMQ frame kind, each
 encoded and decoded next to its definition. Nothing here ever comes from the network: these
 frames go between our own processes on one host (what crosses the link is diode.link.wire; what
-is written to Kafka is diode.accounting.events and diode.link.records).
+is written to Kafka is diode.kafka.messages).
 
 A message is its control frame, pickled (diode.runtime.transport: cheap for the lists of ints,
 floats and strings these carry), followed by frames of bytes where it has any. A frame kind that
