@@ -20,7 +20,7 @@ typed value) and `RangeEvent.parse` (an event of the missing-records topic); the
 same headers as Spark columns through the names here (diode.spark.verify). The audits' Spark
 schemas come from `Event.spark_schema`; docs/events.md is generated from here (`diode docs
 --events`) and a test keeps the two equal; so are the field lists docs/topology.md and `diode
-import-connect` give. tests/unit/test_structure.py checks that
+import-properties` give. tests/unit/test_structure.py checks that
 no other module builds a header or an event. Pure: no I/O.
 """
 
@@ -119,7 +119,7 @@ MISSING_RECORDS_EVENT = {e.kind: e for e in MISSING_RECORDS}  # by its type
 
 def missing_records_fields() -> str:
     """The fields of the missing-records topic's events in a line, for the settings' reference
-    (docs/topology.md) and `diode import-connect`'s notes."""
+    (docs/topology.md) and `diode import-properties`'s notes."""
     extra = [n for n in CLOSED.names if n not in MISSING.names]
     less = [n for n in MISSING.names if n not in FILLED.names]
     return (f"type missing: {', '.join(MISSING.names)}; filled: the same without "
