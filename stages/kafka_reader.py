@@ -562,7 +562,7 @@ class Stage(BaseStage):
         """Read nothing more; wait for what is in flight to be sent, commit, say so in
         STOPPING_BEATS heartbeats marked stopping (after the last records), finish."""
         if self.stop_deadline is None:
-            self.stop_deadline = now + self.t.supervisor.drain_timeout_seconds * 0.75
+            self.stop_deadline = now + self.drain_budget()
             if self.digester is not None:  # (what was read is sent before the packers stop)
                 self._send_digests(float("inf"))
         flushed = self.out.flush()

@@ -216,12 +216,12 @@ class Stage(BaseStage):
     def _finish(self) -> bool:
         """Stopping and nothing more is coming: write what can be written (what waits for its
         destination topic or its recovery too), wait for the destination to acknowledge it, a
-        step at a time, up to three quarters of supervisor.drain.timeout.seconds, then record
+        step at a time, up to its drain_budget() (diode.runtime.worker), then record
         the last checkpoint; False once done. Without a journal, what waits for a predecessor is
         written now and the gaps before it reported (nothing would replay it)."""
         now = time.monotonic()
         if self.finish_by is None:
-            self.finish_by = now + self.t.supervisor.drain_timeout_seconds * 0.75
+            self.finish_by = now + self.drain_budget()
         if not self.durable:
             self._expire(float("inf"))
         dest = self.dest

@@ -6,20 +6,21 @@ acts on it.
 
 What happens on SIGTERM. An operator's SIGTERM or Ctrl-C goes to the supervisor
 (diode.runtime.supervisor), which drains the pipeline stage by stage in data-flow order, the
-sender's side first: it sends SIGTERM to every worker of the first stage and waits for them to
-exit before it signals the next stage, so what is in flight reaches the next stage (and the link)
-before that stage is asked to stop. A worker ignores SIGINT (Ctrl-C reaches the whole process
-group; the supervisor orders the stop). In the worker, SIGTERM only sets a flag; the loop below
-calls the stage's `stop()` before its next step, and the stage keeps stepping while it drains:
-it takes what is still coming until its input has been quiet for Stage.QUIET_SECONDS (`drained`),
-hands on or writes what it holds, waits for acknowledgements a step at a time (the kafka_writer
-up to three quarters of supervisor.drain.timeout.seconds, then records its last checkpoint), and
-returns False from `step()`. The loop then calls `close()`, writes the metrics a last time and
-exits 0. A worker still running after supervisor.drain.timeout.seconds is killed (SIGKILL, logged):
-what it held is replayed from the journal at the next start (the receiver's side) or read again
-from the source (the sender's: its offsets are committed only for what was sent). A worker whose
-supervisor dies, however it dies, gets SIGTERM itself (PR_SET_PDEATHSIG, diode.runtime.parent)
-and drains the same way.
+sender's side first: it sends SIGTERM to every worker of the first stage and waits for them to exit
+before it signals the next stage, so what is in flight reaches the next stage (and the link) before
+that stage is asked to stop. A worker ignores SIGINT (Ctrl-C reaches the whole process group; the
+supervisor orders the stop). In the worker, SIGTERM only sets a flag; the loop below calls the
+stage's `stop()` before its next step, and the stage keeps stepping while it drains: it takes what
+is still coming until its input has been quiet for Stage.QUIET_SECONDS (`drained`), hands on or
+writes what it holds, waits for acknowledgements a step at a time for at most its `drain_budget()`
+(three quarters of supervisor.drain.timeout.seconds: the kafka_reader for what is in flight to be
+sent, the kafka_writer for the destination, which then records its last checkpoint), and returns
+False from `step()`. The loop then calls `close()`, writes the metrics a last time and exits 0. A
+worker still running after supervisor.drain.timeout.seconds is killed (SIGKILL, logged): what it
+held is replayed from the journal at the next start (the receiver's side) or read again from the
+source (the sender's: its offsets are committed only for what was sent). A worker whose supervisor
+dies, however it dies, gets SIGTERM itself (PR_SET_PDEATHSIG, diode.runtime.parent) and drains the
+same way.
 """
 
 import ctypes
@@ -168,6 +169,10 @@ class Stage:
     # Stages stop in data-flow order, so once a stopping stage's input has been quiet this
     # long, nothing more is coming.
     QUIET_SECONDS = 0.3
+    # The share of supervisor.drain.timeout.seconds a stopping stage may spend waiting for what
+    # it handed on (acknowledgements, a flush): the rest is for close() and the exit, before the
+    # supervisor kills it.
+    DRAIN_SHARE = 0.75
     # The work of a stage whose work ends, for the log ("resend": stages.kafka_resender); empty
     # for the others. Its `step()` returns False once done and the worker exits 0; the supervisor
     # does not restart it, and drains the launch once every worker of the stage is done.
@@ -216,6 +221,11 @@ class Stage:
 
     def reload(self) -> None:
         pass
+
+    def drain_budget(self) -> float:
+        """Seconds a stopping stage may wait for what it handed on, from when it starts to
+        (DRAIN_SHARE of supervisor.drain.timeout.seconds)."""
+        return self.t.supervisor.drain_timeout_seconds * self.DRAIN_SHARE
 
     def drained(self, idle: bool) -> bool:
         """Call once per step with whether the input was idle: True when the stage is stopping
