@@ -97,6 +97,19 @@ class Claim(NamedTuple):
     live: bool        # not replayed from the journal
 
 
+class ChainHeard(NamedTuple):
+    """What heartbeats said of when a chain started (sender times, ms; None: not said, this
+    receiver saw it start): seen start when the reader was heard before the chain was named."""
+    named: int | None   # the earliest heartbeat naming the chain
+    heard: int | None   # the earliest heartbeat of its reader heard
+
+
+class Arrival(NamedTuple):
+    """A run that came and waits for its predecessor."""
+    time: float   # the reader's clock when it came
+    key: int      # the offset it waits for (_key), its key in `pending`
+
+
 class Update(NamedTuple):
     writes: list      # runs to write now, in source order (a fill may come after later runs)
     missing: list     # Missing ranges newly found
@@ -152,7 +165,7 @@ class PartitionState:
         self.pending: dict = {}            # first offset -> run waiting for its predecessor
         self.pending_records = 0
         self._heap: list = []              # first offsets in pending
-        self._arrivals: deque = deque()    # (time, first offset) in arrival order
+        self._arrivals: deque = deque()    # of Arrival, in arrival order
         self._claims: deque = deque()      # Claims, last sent increasing within a chain
         self.duplicates = 0
         self.resumed = resumed             # after a restart, no live record written yet
@@ -190,7 +203,8 @@ class PartitionState:
         state.unknown = [list(g) for g in saved.get("unknown", [])]
         state.tickets = OpenTickets(Open.of_list(t) for t in saved.get("tickets", []))
         state.last_timestamp = saved.get("last_timestamp")
-        state.chains = {start: [first, heard] for start, first, heard in saved.get("chains", [])}
+        state.chains = {start: ChainHeard(named, heard)
+                        for start, named, heard in saved.get("chains", [])}
         # the wait starts again at the first expire() after the restart
         state.expected = [[first, last, None] for first, last in saved.get("expected", [])]
         state.resumed = True
@@ -333,11 +347,11 @@ class PartitionState:
         self.pending[first] = run
         self.pending_records += len(run)
         heapq.heappush(self._heap, first)
-        self._arrivals.append((now, first))
+        self._arrivals.append(Arrival(now, first))
         if len(self._arrivals) > 2 * len(self.pending) + 64:
             # entries of runs written since are only dropped at the head by expire(); while
             # an old run waits there, keep the deque to about what still waits
-            self._arrivals = deque(a for a in self._arrivals if a[1] in self.pending)
+            self._arrivals = deque(a for a in self._arrivals if a.key in self.pending)
         self._release(u)
 
     def heartbeat(self, chain_start: int, last_sent: int, now: float, live: bool = True,
@@ -362,11 +376,11 @@ class PartitionState:
         """What a heartbeat says of when the chain starting at `start` started (the module)."""
         known = self.chains.pop(start, None)
         if sent is None:
-            known = known or [None, None]
+            known = known or ChainHeard(None, None)
         else:
             heard = sent if heard is None else min(heard, sent)
-            known = [sent, heard] if known is None or known[0] is None else \
-                [min(known[0], sent), min(known[1], heard)]
+            known = ChainHeard(sent, heard) if known is None or known.named is None else \
+                ChainHeard(min(known.named, sent), min(known.heard, heard))
         self.chains[start] = known  # (the newest last)
         while len(self.chains) > MAX_CHAINS:
             del self.chains[next(iter(self.chains))]
@@ -375,7 +389,7 @@ class PartitionState:
         """Whether this receiver heard the sender's reader before the chain starting at `start`
         began, so that the chain is accounted from its first offset (the module)."""
         known = self.chains.get(start)
-        return known is not None and (known[0] is None or known[1] < known[0])
+        return known is not None and (known.named is None or known.heard < known.named)
 
     def _unaccounted(self, first: int, last: int) -> bool:
         """Whether offsets of [first, last] below the frontier are in `unknown`."""
@@ -392,9 +406,9 @@ class PartitionState:
         if self.retiring is not None and now - self.retiring >= self.wait:
             self._finish_retiring(u)
         while self.pending:
-            while self._arrivals and self._arrivals[0][1] not in self.pending:
+            while self._arrivals and self._arrivals[0].key not in self.pending:
                 self._arrivals.popleft()
-            if now - self._arrivals[0][0] < self.wait:
+            if now - self._arrivals[0].time < self.wait:
                 break
             self._force(u)
         if self.expected:
