@@ -69,7 +69,7 @@ from diode.accounting.ordering import PartitionState, SourcePartition
 from diode.link.records import partition_owner
 from diode.link.runs import Run
 from diode.runtime.worker import Stage as BaseStage
-from diode.runtime.messages import Batch, DigestBatch, Heard, Mark, MetadataLook
+from diode.runtime.messages import Batch, Claim, DigestBatch, Heard, Mark, MetadataLook
 from diode.runtime.replays import ReplayRequest
 from diode.writer.destination import FLUSH_STEP_SECONDS, Destination
 from diode.writer.link_watch import LinkWatch
@@ -147,34 +147,13 @@ class Stage(BaseStage):
     def _owns(self, topic: str, partition: int) -> bool:
         return partition_owner(topic, partition, self.writers) == self.ctx.spec.index
 
-    # (what _take_input reads and writes, kept by the rooms)
-    recovered = property(lambda self: self.recovery.recovered)
-    unrecovered = property(lambda self: self.recovery.unrecovered)
-    backlog_records = property(lambda self: self.dest.backlog_records,
-                               lambda self, n: setattr(self.dest, "backlog_records", n))
-
-    def _recover(self, topic: str, partition: int, incarnation: bytes) -> bool:
-        return self.recovery.recover(topic, partition, incarnation)
-
-    def _beat(self, beat: dict) -> None:
-        self.link.beat(beat)
-
-    def _source(self, state: dict) -> None:
-        self.view.source(state)
-
-    def _metadata(self, meta: dict) -> None:
-        self.view.metadata(meta)
-
-    def _digests(self, batch: dict) -> None:
-        self.view.digests(batch)
-
     # -- the loop ------------------------------------------------------------------------------
 
     def step(self):
         dest = self.dest
         dest.poll()
         if self.recovery.flushing is None and (dest.asked or self.recovery.asked or
-                                               self.unrecovered):
+                                               self.recovery.unrecovered):
             self._prepared()  # (not while a checkpoint's state waits to be saved)
         if self.sync is not None and self.sync.busy:
             self.view.hand()
@@ -225,7 +204,7 @@ class Stage(BaseStage):
         if not self.durable:
             self._expire(float("inf"))
         dest = self.dest
-        if dest.backlog or dest.event_queue or self.unrecovered:
+        if dest.backlog or dest.event_queue or self.recovery.unrecovered:
             dest.produce_backlog()
             dest.produce_events()
             if now < self.finish_by:
@@ -234,7 +213,7 @@ class Stage(BaseStage):
         left, left_events = dest.flush(FLUSH_STEP_SECONDS)
         if (left or left_events) and now < self.finish_by:
             return True
-        if left or left_events or dest.backlog or self.unrecovered:
+        if left or left_events or dest.backlog or self.recovery.unrecovered:
             self.log.error("stopping with %d record(s) and %d event(s) not confirmed by the "
                            "destination cluster%s", left + dest.backlog_records, left_events,
                            "; the journal replays the records at the next start"
@@ -246,9 +225,12 @@ class Stage(BaseStage):
     def _take_input(self) -> None:
         """Offer what the unpackers sent (a messages.Batch each) to the partitions' states: a
         run goes Run.decode (_decode) -> _offer -> PartitionState.offer (order, duplicates,
-        gaps: diode.accounting.ordering) -> the backlog (_queue) -> _produce_backlog; a claim
-        goes to _claim, a beat to _beat (writer 0), the side messages to _heard, _digests,
-        _metadata and _source; a trusted mark moves the reader's clock (_clock)."""
+        gaps: diode.accounting.ordering) -> the backlog (_queue) -> Destination.produce_backlog;
+        a run or claim of a partition whose destination is not read yet waits in the recovery
+        (Recovery.recover); a claim goes to _claim, a beat to the link watch (writer 0), the side
+        messages to _heard and the source view (digests, metadata, the source's look); a
+        trusted mark moves the reader's clock (_clock)."""
+        recovery = self.recovery
         for frames in transport.drain(self.input, INPUT_MESSAGES):
             batch = Batch.decode(frames[0])
             index = batch.unpacker
@@ -256,32 +238,32 @@ class Stage(BaseStage):
                 self.replay_request.noticed(started, index)
             for claim in batch.claims:
                 held = (claim.topic, claim.partition, claim.incarnation)
-                if held in self.recovered or self._recover(*held):
+                if held in recovery.recovered or recovery.recover(*held):
                     self._claim(claim)
                 else:
-                    self.unrecovered[claim.topic].append(claim)
+                    recovery.unrecovered[claim.topic].append(claim)
             for frame, origin in zip(transport.split(batch.lengths, frames[1]), batch.origins):
                 run = self._decode(frame)
                 if run is None:
                     continue
                 run.origin = origin
-                if (run.topic, run.partition, run.incarnation) in self.recovered or \
-                        self._recover(run.topic, run.partition, run.incarnation):
+                if (run.topic, run.partition, run.incarnation) in recovery.recovered or \
+                        recovery.recover(run.topic, run.partition, run.incarnation):
                     self._offer(run)
                 else:  # the destination cannot be read yet: the run waits (and counts)
-                    self.unrecovered[run.topic].append(run)
-                    self.backlog_records += len(run)
+                    recovery.unrecovered[run.topic].append(run)
+                    self.dest.backlog_records += len(run)
             for beat in batch.beats:
-                self._beat(beat)
+                self.link.beat(beat)
             for side in batch.sources:
                 if type(side) is Heard:
                     self._heard(side.reader, side.time_ms)
                 elif type(side) is DigestBatch:
-                    self._digests(side.batch)
+                    self.view.digests(side.batch)
                 elif type(side) is MetadataLook:
-                    self._metadata(side.meta)
+                    self.view.metadata(side.meta)
                 else:
-                    self._source(side.state)
+                    self.view.source(side.state)
             mark = batch.mark
             if mark is not None and self.replay_request.trusts(index):
                 m = self.marks[index]
@@ -300,16 +282,15 @@ class Stage(BaseStage):
         else:  # the common case: runs to write, nothing to report
             self._queue(u.writes, state)
 
-    def _claim(self, claim) -> None:
+    def _claim(self, c: Claim) -> None:
         """A heartbeat's claim: the sender's chain of an incarnation of a source partition, and
         (`retired`) that the incarnation is gone, its source having held records up to `end`."""
-        topic, partition, incarnation, chain_start, last_sent, end, retired, seen, live, \
-            reader, sent = claim
-        state = self._state(topic, partition, incarnation, seen, retired=retired)
-        state.heartbeat(chain_start, last_sent, seen, live, sent, self._heard(reader, sent))
-        if retired:
-            state.source_ended(end)
-            state.retire(seen)
+        state = self._state(c.topic, c.partition, c.incarnation, c.seen, retired=c.retired)
+        state.heartbeat(c.chain_start, c.last_sent, c.seen, c.live, c.sent,
+                        self._heard(c.reader, c.sent))
+        if c.retired:
+            state.source_ended(c.end)
+            state.retire(c.seen)
 
     def _heard(self, reader: int, sent: int) -> int:
         """A heartbeat of the sender's `reader` sent at `sent` (sender time, ms) was heard: the

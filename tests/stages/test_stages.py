@@ -521,7 +521,7 @@ def test_writer_counts_and_drops_runs_it_cannot_decode_or_does_not_own(zctx):
     run_until(w, lambda: w.metrics.get("rejects", reason="misrouted") == 1, timeout=15)
     assert w.metrics.get("rejects", reason="decode_failed") == 2
     # the good run waits for its destination (there is none to read or write here)
-    assert w.dest.produced == 0 and w.backlog_records == 3
+    assert w.dest.produced == 0 and w.dest.backlog_records == 3
     w.close()
 
 
@@ -563,7 +563,7 @@ def test_writer_resumes_a_run_where_a_full_queue_stopped_it(zctx, room, per_poll
                    (("h", b"%d" % i),) if i % 3 else (), i - 1) for i in range(40)]
     for a, b in ((0, 13), (13, 14), (14, 40)):
         w.dest.backlog.append(Entry(runs.Run.decode(runs.from_records(recs[a:b], 8))))
-        w.backlog_records += b - a
+        w.dest.backlog_records += b - a
     run_until(w, lambda: not w.dest.backlog)
     sent = w.dest.producer.sent
     assert [(t, p, k, v, ts) for t, p, k, v, ts, _ in sent] == \
@@ -574,7 +574,7 @@ def test_writer_resumes_a_run_where_a_full_queue_stopped_it(zctx, room, per_poll
         assert dict(provenance) == {"sourceTopic": b"t", "sourcePartition": b"0",
                                     "sourceOffset": b"%d" % r.offset,
                                     "sourceTopicId": identity.text(NO_INCARNATION).encode()}
-    assert w.dest.produced == 40 and w.backlog_records == 0
+    assert w.dest.produced == 40 and w.dest.backlog_records == 0
     w.close()
 
 
@@ -598,13 +598,13 @@ def test_a_writer_whose_producer_queue_is_full_waits_instead_of_spinning(zctx):
     w.dest.producer = StuckProducer(room=3)
     w.dest.dest_partitions["t"] = 8
     w.dest.backlog.append(Entry(runs.Run.decode(runs.from_records(records(40), 8))))
-    w.backlog_records += 40
+    w.dest.backlog_records += 40
     steps, cpu = 0, time.process_time()
     deadline = time.monotonic() + 0.5
     while time.monotonic() < deadline:
         w.step()
         steps += 1
-    assert w.dest.produced == 3 and w.backlog_records == 37  # held, in order, nothing dropped
+    assert w.dest.produced == 3 and w.dest.backlog_records == 37  # held, in order, nothing dropped
     assert steps < 200, f"{steps} steps in 0.5 s: the loop spins on a full queue"
     assert time.process_time() - cpu < 0.25
     w.close()

@@ -46,11 +46,11 @@ def test_every_event_the_writer_writes_has_exactly_the_defined_fields(zctx, star
     send(feed, [], 2, now + 1.0)  # the reorder wait is over: offsets 5..9 are missing
     deadline = time.monotonic() + 30
     while w.metrics.get("missing_ranges") < 1:
-        assert time.monotonic() < deadline, (w.dest.produced, w.backlog_records)
+        assert time.monotonic() < deadline, (w.dest.produced, w.dest.backlog_records)
         w.step()
     send(feed, [runs.from_records(recs[5:10], prev=RESEND)], 3, now + 1.1)  # resent
     while w.metrics.get("records") < 20:
-        assert time.monotonic() < deadline, (w.dest.produced, w.backlog_records)
+        assert time.monotonic() < deadline, (w.dest.produced, w.dest.backlog_records)
         w.step()
     refused = [("sourceTopic", b"t"), ("sourcePartition", b"0"), ("sourceOffset", b"20")]
     w.dest.refused(refused, "dst_t", "Broker: Message size too large")  # as a delivery report says

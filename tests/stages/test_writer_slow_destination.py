@@ -53,13 +53,13 @@ def test_a_writer_holds_its_records_without_waiting_while_the_destination_is_fro
             began = time.monotonic()
             w.step()
             longest = max(longest, time.monotonic() - began)
-        assert w.dest.produced == 0 and w.backlog_records == len(recs)  # held, nothing dropped
+        assert w.dest.produced == 0 and w.dest.backlog_records == len(recs)  # held, nothing dropped
     finally:
         dst.resume()
     assert longest < SLOW_STEP_SECONDS, f"a step waited {longest:.1f} s on the destination"
     deadline = time.monotonic() + 60
     while w.metrics.get("records") < len(recs):  # acknowledged by the destination
-        assert time.monotonic() < deadline, (w.dest.produced, w.backlog_records)
+        assert time.monotonic() < deadline, (w.dest.produced, w.dest.backlog_records)
         w.step()
     w.close()
     written = consume(dst.bootstrap, "t", len(recs), idle=1.0)
