@@ -420,15 +420,17 @@ class Stage(BaseStage):
 
     def sample_metrics(self):
         super().sample_metrics()
-        self.reporter.export([s for _, s in self._all_states()])
+        states = [s for _, s in self._all_states()]  # (one pass, for both)
+        self.reporter.export(states)
         self.metrics.set("backlog_records", self.dest.backlog_records)  # (with what recovers)
         self.view.export()
-        self._export_held()
+        self._export_held(states)
 
-    def _export_held(self) -> None:
+    def _export_held(self, states: list | None = None) -> None:
         """Duplicates dropped and records waiting, over every partition: a pass over them all,
         so once a second (sample_metrics) and at the end, not at every expiry."""
-        states = [s for _, s in self._all_states()]
+        if states is None:
+            states = [s for _, s in self._all_states()]
         self.metrics.set("duplicates", sum(s.duplicates for s in states))
         self.metrics.set("pending_records", sum(s.pending_records for s in states))
 

@@ -187,8 +187,10 @@ def _datagram_size(link: LinkSettings) -> LinkSettings:
     found = link_path.toward(link.host)
     size = found.unfragmented(link.host)
     if size is None:
-        return dataclasses.replace(link, datagram_size_bytes=1472, datagram_size_note=(
-            f"auto: no route to {link.host} known here, so 1472 (an MTU of 1500)"))
+        return dataclasses.replace(
+            link, datagram_size_bytes=link_path.ETHERNET_DATAGRAM, datagram_size_note=(
+                f"auto: no route to {link.host} known here, so {link_path.ETHERNET_DATAGRAM} "
+                "(an MTU of 1500)"))
     return dataclasses.replace(link, datagram_size_bytes=size, datagram_size_note=(
         f"auto: MTU {found.mtu} of {found.device} toward {link.host}"))
 
