@@ -1,13 +1,13 @@
 """unpacker: verifies, decrypts and decompresses datagrams, and forwards their runs.
 
-A datagram's way through it, one call chain: Stage.step takes a messages.Data from the
-udp_reader -> Stage.unpack(datagram) -> diode.link.wire.unseal (the fixed header parsed, the
+A datagram's way through it, one call chain: the runtime's loop (diode.runtime.worker.Stage.step)
+hands a messages.Data from the udp_reader to Stage._data -> Stage.unpack(datagram) -> diode.link.wire.unseal (the fixed header parsed, the
 AEAD tag verified and the payload decrypted by diode.link.crypto.Keyring.open, the sequence
 number checked by the replay window, the payload decompressed by diode.link.codec) -> by kind:
 heartbeat, source look, digests, metadata (decoded by diode.link.wire), parity (diode.link.fec),
 fragment (diode.link.fragments, decompressed once reassembled), else data ->
 diode.link.runs.split_payload -> each run to the ToWriter of the writer owning its partition
--> a messages.Batch per writer at the end of the step.
+-> a messages.Batch per writer at the end of the turn (Stage.after_input).
 
 Nothing in a datagram is trusted before its AEAD tag verifies over the header and the payload
 (the keyring holds the current key and, during a rotation, the next; rebuilt on a reload);
@@ -37,7 +37,6 @@ from diode.errors import RejectedDatagram
 from diode.link.records import partition_owner
 from diode.link.replay import ReplayWindow
 from diode.runtime.worker import Stage as BaseStage
-from diode.runtime.replays import ReplayRequest
 
 SESSION_WINDOW = 30.0
 
@@ -72,12 +71,15 @@ class Stage(BaseStage):
         self.reassembler = fragments.Reassembler(
             self.record_limit, max(r.reassembly_max_bytes, self.record_limit),
             r.reassembly_timeout_ms / 1000)
-        self.next_expire = 0.0
         self.fec = fec.BlockDecoder()
         self.held: dict = {}  # ("fec" | "fragments", session, id) -> lowest journal position
+        self.listen(self.input, {Data: self._data, Mark: self._mark, Notice: self._notice},
+                    from_udp_reader, limit=8)
+        self.every(0.5, self._expire_fragments)
         # A first start lost nothing (what was sent to it waited for it); a restart lost what
         # its predecessor held, and asks the reader to replay it, trusting no mark until then.
-        self.replay_request = ReplayRequest(ctx)
+        self.replays()
+        self._gather()
 
     def _keyring(self) -> Keyring:
         sec = self.ctx.secrets
@@ -89,41 +91,43 @@ class Stage(BaseStage):
         self.keyring = self._keyring()
         self.log.info("keyring rebuilt: accepting %s", self.ctx.secrets.describe())
 
-    def step(self):
-        now = time.monotonic()
-        if now >= self.next_expire:
-            self._expire_fragments(now)
-            self.next_expire = now + 0.5
-        self.replay_request.tick(now)
+    # -- what the loop hands over (diode.runtime.worker.Stage.step) ----------------------------
+
+    def before_input(self, now):
         if not all(o.flush() for o in self.outs):
-            time.sleep(0.001)
-            return True
-        got = self.input.poll(50)
-        if self.drained(idle=not got):
-            return False
-        if not got:
-            return True
-        msgs = [ToWriter() for _ in self.outs]
-        mark, notices = None, []
-        for frames in transport.drain(self.input, 8):
-            message = from_udp_reader(frames[0])
-            if type(message) is Data:
-                replayed, seen = message.replayed, message.seen
-                for position, datagram in zip(message.positions,
-                                              transport.split(message.lengths, frames[1])):
-                    self.unpack(datagram, msgs, as_origin((position, seen, replayed)))
-            elif type(message) is Mark:
-                if self.replay_request.trusts():
-                    mark = Mark(min(message.position, self._floor()), message.seen)
-            elif type(message) is Notice:
-                notices.append(message.started)
-                mark = None  # (a mark from before a replay began must not follow its notice)
-                self.replay_request.noticed(message.started)
-        for out, m in zip(self.outs, msgs):
+            time.sleep(0.001)  # (the writers are behind: take nothing)
+            return None
+        return self.POLL_MS
+
+    def _gather(self) -> None:
+        """A turn's output starts empty: a ToWriter per writer, no mark, no notice."""
+        self.msgs = [ToWriter() for _ in self.outs]
+        self.mark, self.notices = None, []
+
+    def _data(self, message: Data, frames) -> None:
+        replayed, seen = message.replayed, message.seen
+        for position, datagram in zip(message.positions,
+                                      transport.split(message.lengths, frames[1])):
+            self.unpack(datagram, self.msgs, as_origin((position, seen, replayed)))
+
+    def _mark(self, message: Mark, frames) -> None:
+        if self.replay_request.trusts():
+            self.mark = Mark(min(message.position, self._floor()), message.seen)
+
+    def _notice(self, message: Notice, frames) -> None:
+        self.notices.append(message.started)
+        self.mark = None  # (a mark from before a replay began must not follow its notice)
+        self.replay_request.noticed(message.started)
+
+    def after_input(self, now):
+        mark, notices = self.mark, self.notices
+        for out, m in zip(self.outs, self.msgs):
             if m or mark or notices:
                 lengths, body = transport.join(m.runs)
                 out.put([Batch(self.ctx.spec.index, m.origins, m.claims, m.beats, mark, notices,
                                lengths, m.sources).encode(), body])
+        if mark or notices or any(self.msgs):
+            self._gather()
         return True
 
     def sample_metrics(self):

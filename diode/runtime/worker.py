@@ -10,12 +10,14 @@ sender's side first: it sends SIGTERM to every worker of the first stage and wai
 before it signals the next stage, so what is in flight reaches the next stage (and the link) before
 that stage is asked to stop. A worker ignores SIGINT (Ctrl-C reaches the whole process group; the
 supervisor orders the stop). In the worker, SIGTERM only sets a flag; the loop below calls the
-stage's `stop()` before its next step, and the stage keeps stepping while it drains: it takes what
-is still coming until its input has been quiet for Stage.QUIET_SECONDS (`drained`), hands on or
-writes what it holds, waits for acknowledgements a step at a time for at most its `drain_budget()`
-(three quarters of supervisor.drain.timeout.seconds: the kafka_reader for what is in flight to be
-sent, the kafka_writer for the destination, which then records its last checkpoint), and returns
-False from `step()`. The loop then calls `close()`, writes the metrics a last time and exits 0. A
+stage's `stop()` before its next turn (Stage.step), and the turns go on while it drains: a stage
+fed by another takes what is still coming until its input has been quiet for Stage.QUIET_SECONDS
+(`drained`), a head stage (the kafka_reader, the udp_reader) takes nothing more; then each turn is
+a step of the stage's `finish()`, which hands on or writes what it holds and waits for
+acknowledgements a step at a time, for at most its `drain_budget()` (three quarters of
+supervisor.drain.timeout.seconds: the kafka_reader for what is in flight to be sent, the
+kafka_writer for the destination, which then records its last checkpoint), and returns
+False once done, and so does `step()`. The loop then calls `close()`, writes the metrics a last time and exits 0. A
 worker still running after supervisor.drain.timeout.seconds is killed (SIGKILL, logged): what it
 held is replayed from the journal at the next start (the receiver's side) or read again from the
 source (the sender's: its offsets are committed only for what was sent). A worker whose supervisor
@@ -42,7 +44,9 @@ import setproctitle
 import zmq
 
 from diode.errors import DiodeError
+from diode.runtime.loop import Input, Inputs, Timer, Timers
 from diode.runtime.metrics import Metrics
+from diode.runtime.replays import ReplayRequest
 from diode.runtime.parent import die_with_parent
 from diode.runtime.topology import Topology
 from diode.runtime import wiring
@@ -153,17 +157,25 @@ class StageContext:
 
 
 class Stage:
-    """The stage contract (after Kafka Connect's SourceTask):
+    """The stage contract (after Kafka Connect's SourceTask and bytewax's operators): a stage is
+    what it does to a message and at its deadlines; the loop is the runtime's (`step`).
 
-    - __init__ stores settings only; `open()` makes sockets and clients, in the child;
-    - `step()` does one bounded piece of work (it never blocks for more than ~100 ms) and
-      returns False once the stage has finished draining after `stop()`;
+    - __init__ stores settings only; `open()` makes sockets and clients, in the child, and
+      declares what the loop is to do for it: its inputs (`listen`: a socket, how its messages
+      decode, who handles each kind), its timers (`every`), and, for a stage that loses what
+      it held when it restarts, its replay request (`replays`: diode.runtime.replays);
+    - the hooks `step` calls, each defaulting to nothing: `before_input(now)`, `poll_input`
+      and `take_input` (the declared inputs; a stage with another kind of input, a UDP socket,
+      a Kafka consumer, or one that takes its frames without copying them, overrides them),
+      `idle()`, `after_input(now)`, `finish(now)`;
     - `stop()` only asks; `rewind()` is called when a worker downstream died (SIGUSR1);
       `reload()` when the supervisor has reloaded the keys (SIGHUP: ctx.secrets holds them);
     - `close()` releases what `open()` made;
     - `prepare(topology, log)`, a classmethod, runs in the supervisor before any fork and
       returns what must outlive a worker of the stage (the receiver's UDP socket): it reaches
       every incarnation as `ctx.inherited`.
+
+    No hook blocks for more than ~100 ms: the worker beats its heartbeat between turns.
     """
 
     # Stages stop in data-flow order, so once a stopping stage's input has been quiet this
@@ -174,9 +186,16 @@ class Stage:
     # supervisor kills it.
     DRAIN_SHARE = 0.75
     # The work of a stage whose work ends, for the log ("resend": stages.kafka_resender); empty
-    # for the others. Its `step()` returns False once done and the worker exits 0; the supervisor
-    # does not restart it, and drains the launch once every worker of the stage is done.
+    # for the others. Its `after_input` returns False once done and the worker exits 0; the
+    # supervisor does not restart it, and drains the launch once every worker of the stage is
+    # done.
     FINISHES = ""
+    # A stage fed by another stage takes its input after stop() until it has been quiet for
+    # QUIET_SECONDS (what the stage before it handed on while stopping still comes); a head
+    # stage, whose input is the outside world (the source cluster, the link), takes none after
+    # stop() and goes straight to `finish`.
+    TAKES_INPUT_WHILE_STOPPING = True
+    POLL_MS = 50  # the longest a turn waits for input (before_input's default)
 
     def __init__(self, ctx: StageContext):
         self.ctx = ctx
@@ -184,8 +203,104 @@ class Stage:
         self.metrics = ctx.metrics
         self.log = logging.getLogger(f"diode.{ctx.spec.name}")
         self.stopping = False
+        self.finish_by = None  # stopping: when its drain_budget() is spent (set by `step`)
+        self.replay_request = None
+        self.inputs = Inputs()
+        self.timers = Timers()
         self._quiet_since = None
         self._outboxes: list = []
+
+    # -- what a stage declares in open() -----------------------------------------------------
+
+    def listen(self, sock, handle, decode=None, limit: int = 16) -> Input:
+        """Declare an input: the loop polls `sock`, takes at most `limit` messages a turn,
+        decodes each one's first frame with `decode` (a message class's `decode`, or a function
+        choosing among kinds, diode.runtime.messages; None: the frames as they came) and calls
+        `handle(message, frames)`, or with a dict of handlers, the one for the message's type."""
+        return self.inputs.add(Input(sock, handle, decode, limit))
+
+    def every(self, seconds: float, fn, first: float | None = None,
+              wakes: bool = False) -> Timer:
+        """Declare a timer: `fn(now)` at the first turn at or after `first` (default: the
+        first turn), then every `seconds`; with `wakes`, input is never waited for past it
+        (diode.runtime.loop.Timer)."""
+        return self.timers.add(Timer(seconds, fn, 0.0 if first is None else first, wakes))
+
+    def replays(self, streams: int = 1) -> ReplayRequest:
+        """Declare that this stage loses what it holds when it restarts, and so asks the
+        udp_reader to replay its journal after a restart, over `streams` input streams (each
+        with its own notices and marks); the loop asks again until answered. The stage tells
+        the request what it hears (`noticed`) and asks it which marks to trust (`trusts`)."""
+        self.replay_request = ReplayRequest(self.ctx, streams)
+        return self.replay_request
+
+    # -- the loop: the runtime's, the same for every stage -----------------------------------
+
+    def step(self) -> bool:
+        """One turn of the loop (the worker calls it until it returns False):
+
+        1. the timers that are due (`every`), the replay request asked again if it is time;
+        2. `before_input(now)`, what comes first at every turn; it returns how long input may
+           be waited for (ms), or None to take none this turn (what the stage hands on to is
+           behind; it has waited a moment for it itself);
+        3. a head stage that is stopping (TAKES_INPUT_WHILE_STOPPING False) finishes;
+        4. the input: `poll_input(wait)` (shortened for a waking timer), then `take_input()`;
+           a stopping stage whose input has been quiet for QUIET_SECONDS while `idle()`
+           finishes instead;
+        5. `after_input(now)`: what the turn's input leaves to do; False once the stage's work
+           is done (FINISHES).
+
+        Finishing is `finish(now)`, one step of it per turn, with `finish_by` set at the first
+        (its drain_budget() from then): False once done."""
+        now = time.monotonic()
+        self.timers.run(now)
+        if self.replay_request is not None:
+            self.replay_request.tick(now)
+        wait = self.before_input(now)
+        if self.stopping and not self.TAKES_INPUT_WHILE_STOPPING:
+            return self._finish(now)
+        if wait is None:
+            return True
+        got = self.poll_input(self.timers.wait_ms(now, wait))
+        if self.drained(idle=not got and self.idle()):
+            return self._finish(now)
+        if got:
+            self.take_input()
+        return self.after_input(now)
+
+    def _finish(self, now: float) -> bool:
+        if self.finish_by is None:
+            self.finish_by = now + self.drain_budget()
+        return self.finish(now)
+
+    def before_input(self, now: float) -> int | None:
+        """At every turn, before input: how long input may be waited for (ms), or None to take
+        none this turn."""
+        return self.POLL_MS
+
+    def poll_input(self, wait_ms: int):
+        """Wait up to `wait_ms` for input; what `take_input` needs to take it (true if any)."""
+        self._ready = self.inputs.poll(wait_ms) if self.inputs else []
+        return self._ready
+
+    def take_input(self) -> None:
+        """Take what `poll_input` found: each ready declared input's messages, decoded and
+        handed to their handlers."""
+        self.inputs.take(self._ready)
+
+    def idle(self) -> bool:
+        """Whether the stage holds nothing it would still hand on by itself (a stopping stage
+        finishes only once its input is quiet and it is idle)."""
+        return True
+
+    def after_input(self, now: float) -> bool:
+        """After the turn's input; False when the stage's work is done (FINISHES)."""
+        return True
+
+    def finish(self, now: float) -> bool:
+        """Stopping, and nothing more is coming: one step of handing on what is held, waiting
+        for it to be acknowledged until `finish_by`; False once done."""
+        return False
 
     def outbox(self, sock, limit: int = 4):
         """A transport.Outbox whose backpressure the stage's metrics report
@@ -209,9 +324,6 @@ class Stage:
 
     def open(self) -> None:
         pass
-
-    def step(self) -> bool:
-        raise NotImplementedError
 
     def stop(self) -> None:
         self.stopping = True
