@@ -12,15 +12,14 @@ from diode.runtime import transport
 
 class Timer:
     """A stage's deadline: `fn(now)` runs at the first turn at or after `due`, then every
-    `seconds` after that turn (so a slow turn delays the next run, never bunches them). With
-    `wakes`, the loop waits for input no longer than until `due` (a deadline that must be kept,
-    as the packer's linger); without, it is a period, run at the next turn (most are: their
-    loops turn at least every POLL_MS)."""
+    `seconds` after that turn (so a slow turn delays the next run, never bunches them). It is a
+    period, kept to within a turn: a loop turns at least every POLL_MS (a deadline that must
+    end the wait for input, as the packer's linger, is what its before_input returns)."""
 
-    __slots__ = ("due", "fn", "seconds", "wakes")
+    __slots__ = ("due", "fn", "seconds")
 
-    def __init__(self, seconds: float, fn, due: float, wakes: bool = False):
-        self.seconds, self.fn, self.due, self.wakes = seconds, fn, due, wakes
+    def __init__(self, seconds: float, fn, due: float):
+        self.seconds, self.fn, self.due = seconds, fn, due
 
     def at(self, when: float) -> None:
         """Run next at `when` instead (sooner, or later), then every `seconds` again."""
@@ -46,13 +45,6 @@ class Timers:
             if now >= t.due:
                 t.due = now + t.seconds
                 t.fn(now)
-
-    def wait_ms(self, now: float, longest: int) -> int:
-        """How long the loop may wait for input: `longest`, or less to keep a waking timer."""
-        for t in self.timers:
-            if t.wakes:
-                longest = min(longest, max(0, int((t.due - now) * 1000)))
-        return longest
 
 
 class Input:

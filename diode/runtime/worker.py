@@ -219,12 +219,10 @@ class Stage:
         `handle(message, frames)`, or with a dict of handlers, the one for the message's type."""
         return self.inputs.add(Input(sock, handle, decode, limit))
 
-    def every(self, seconds: float, fn, first: float | None = None,
-              wakes: bool = False) -> Timer:
+    def every(self, seconds: float, fn, first: float | None = None) -> Timer:
         """Declare a timer: `fn(now)` at the first turn at or after `first` (default: the
-        first turn), then every `seconds`; with `wakes`, input is never waited for past it
-        (diode.runtime.loop.Timer)."""
-        return self.timers.add(Timer(seconds, fn, 0.0 if first is None else first, wakes))
+        first turn), then every `seconds` (diode.runtime.loop.Timer)."""
+        return self.timers.add(Timer(seconds, fn, 0.0 if first is None else first))
 
     def replays(self, streams: int = 1) -> ReplayRequest:
         """Declare that this stage loses what it holds when it restarts, and so asks the
@@ -244,7 +242,7 @@ class Stage:
            be waited for (ms), or None to take none this turn (what the stage hands on to is
            behind; it has waited a moment for it itself);
         3. a head stage that is stopping (TAKES_INPUT_WHILE_STOPPING False) finishes;
-        4. the input: `poll_input(wait)` (shortened for a waking timer), then `take_input()`;
+        4. the input: `poll_input(wait)`, then `take_input()`;
            a stopping stage whose input has been quiet for QUIET_SECONDS while `idle()`
            finishes instead;
         5. `after_input(now)`: what the turn's input leaves to do; False once the stage's work
@@ -261,7 +259,7 @@ class Stage:
             return self._finish(now)
         if wait is None:
             return True
-        got = self.poll_input(self.timers.wait_ms(now, wait))
+        got = self.poll_input(wait)
         if self.drained(idle=not got and self.idle()):
             return self._finish(now)
         if got:
@@ -279,8 +277,12 @@ class Stage:
         return self.POLL_MS
 
     def poll_input(self, wait_ms: int):
-        """Wait up to `wait_ms` for input; what `take_input` needs to take it (true if any)."""
-        self._ready = self.inputs.poll(wait_ms) if self.inputs else []
+        """Wait up to `wait_ms` for input; what `take_input` needs to take it (true if any).
+        A stage with no input declared (and no override) waits out the time."""
+        if not self.inputs:
+            time.sleep(wait_ms / 1000)
+            return []
+        self._ready = self.inputs.poll(wait_ms)
         return self._ready
 
     def take_input(self) -> None:

@@ -125,20 +125,19 @@ def test_a_head_stage_takes_nothing_once_stopping(zctx):
     assert ("mark", 8) not in s.did and s.did[-1][0] == "finish"
 
 
-def test_timers_keep_their_period_and_a_waking_one_shortens_the_wait_for_input():
+def test_timers_keep_their_period_from_the_turn_that_ran_them():
     ran = []
     timers = Timers()
     period = timers.add(Timer(1.0, lambda now: ran.append(("period", now)), 0.0))
-    deadline = timers.add(Timer(5.0, lambda now: ran.append(("deadline", now)), 10.0,
-                                wakes=True))
+    later = timers.add(Timer(5.0, lambda now: ran.append(("later", now)), 10.0))
     timers.run(100.0)
     timers.run(100.5)
-    timers.run(101.2)
-    assert ran == [("period", 100.0), ("deadline", 100.0), ("period", 101.2)]
-    assert timers.wait_ms(101.2, 50) == 50  # the deadline is at 105.0
-    deadline.at(101.23)
-    assert timers.wait_ms(101.2, 50) == 30
+    timers.run(101.2)  # a slow turn: the next run is a period after it, never two at once
+    assert ran == [("period", 100.0), ("later", 100.0), ("period", 101.2)]
     assert period.due == pytest.approx(102.2)
+    later.at(101.5)  # moved sooner
+    timers.run(101.5)
+    assert ran[-1] == ("later", 101.5) and later.due == pytest.approx(106.5)
 
 
 def test_a_restarted_stage_asks_for_its_replay_again_until_answered(zctx):
