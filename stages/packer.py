@@ -24,6 +24,7 @@ _digests, MetadataLook _metadata) -> their own datagram kinds, sealed after the 
 them.
 """
 
+import math
 import threading
 import time
 from collections import deque
@@ -88,8 +89,8 @@ class Stage(BaseStage):
         if not self.out.flush():
             self.out.sock.poll(50, zmq.POLLOUT)
             return None
-        if self.builder.pending:
-            return max(0, int((self.first_pending + self.linger - now) * 1000))
+        if self.builder.pending:  # (rounded up: a last millisecond rounded to 0 would spin)
+            return max(0, math.ceil((self.first_pending + self.linger - now) * 1000))
         return self.POLL_MS
 
     def poll_input(self, wait_ms):
