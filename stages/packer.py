@@ -10,16 +10,21 @@ cluster and is acknowledged once it is there. The loop never waits on the source
 it: the topic is created from a thread, and a dead letter the producer cannot take yet waits in
 the packer (a few of them at most; then the packer takes no input until they are taken).
 
-Records' way through it, one call chain: Stage.step takes a messages.Runs (from_reader) ->
+Records' way through it, one call chain: the runtime's loop (diode.runtime.worker.Stage.step)
+polls the readers' socket with Stage.poll_input, and Stage.take_input takes one message at a
+time without copying it and hands a messages.Runs (from_reader) to _runs ->
 DatagramBuilder.add (diode.link.batching: runs concatenated up to a datagram, compressed by
 diode.link.codec) -> _seal -> diode.link.wire.Sealer.seal_body (the header, the AEAD seal by
 diode.link.crypto.SessionCipher; with FEC the block's parity too, diode.link.fec) -> _emit ->
-_send -> _put -> a messages.Datagrams to the udp_sender, with what each datagram carries. A
-record too large goes _emit -> _fragment (diode.link.fragments) or _dead_letter. A reader's
-other messages (Heartbeat, SourceLook, DigestBatch, MetadataLook) go _side -> their own
-datagram kinds, sealed after the records before them.
+_send -> _put -> a messages.Datagrams to the udp_sender, with what each datagram carries. What
+has lingered batch.linger.ms goes at the end of the turn (Stage.after_input, _flush_lingered).
+A record too large goes _emit -> _fragment (diode.link.fragments) or _dead_letter. A reader's
+other messages go to their own handlers (Heartbeat _heartbeat, SourceLook _source, DigestBatch
+_digests, MetadataLook _metadata) -> their own datagram kinds, sealed after the records before
+them.
 """
 
+import math
 import threading
 import time
 from collections import deque
@@ -61,55 +66,78 @@ class Stage(BaseStage):
         self.builder = DatagramBuilder(limit, self._seal, self.t.compression != "none",
                                        compress=lambda p: codec.compress(self.t.compression, p))
         self.linger = self.t.sender.batch_linger_ms / 1000
-        self.first_pending = None
+        self.first_pending = None  # when the builder's oldest record was taken (its linger)
         self.dlq = None
         self.dlq_topic_ready = threading.Event()  # (set once the topic's creation has answered)
         self.dead_letters: deque = deque()  # (topic, record, headers, on_delivery) to produce
+        self.handlers = {Runs: self._runs, Heartbeat: self._heartbeat, SourceLook: self._source,
+                         DigestBatch: self._digests, MetadataLook: self._metadata}
         self.log.info("session %016x", session)
 
-    def step(self):
-        now = time.monotonic()
+    # -- the runtime's loop (diode.runtime.worker.Stage.step) ---------------------------------
+
+    def before_input(self, now):
+        """The dead letters handed to their producer, and what waits for the udp_sender handed
+        on: no input this turn while either is behind (after waiting a moment for it). Else
+        input is waited for no longer than what the builder holds may linger."""
         if self.dlq is not None:
             self.dlq.poll(0)
             self._produce_dead_letters()
             if len(self.dead_letters) >= DEAD_LETTERS_WAITING:
                 self.dlq.poll(0.05)  # (waits for the topic or the producer's queue, no input)
-                return True
+                return None
         if not self.out.flush():
             self.out.sock.poll(50, zmq.POLLOUT)
-            return True
-        got = self.input.poll(self._wait_ms(now))
-        # Take reader messages one at a time, and none while the udp_sender is behind: what is
-        # taken is packed (a message left in the socket is safe, one taken and dropped is lost).
-        while got and not self.out.full:
+            return None
+        if self.builder.pending:  # (rounded up: a last millisecond rounded to 0 would spin)
+            return max(0, math.ceil((self.first_pending + self.linger - now) * 1000))
+        return self.POLL_MS
+
+    def poll_input(self, wait_ms):
+        return self.input.poll(wait_ms)
+
+    def take_input(self):
+        """Reader messages one at a time, and none while the udp_sender is behind: what is
+        taken is packed (a message left in the socket is safe, one taken and dropped is lost).
+        Not copied: runs are cut into datagrams as views of the frames."""
+        handlers = self.handlers
+        while not self.out.full:
             try:
-                # (not copied: runs are cut into datagrams as views of the frames)
                 frames = self.input.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                break
+                return
             message = from_reader(frames[0].bytes)
-            if type(message) is not Runs:
-                self._side(message)
-                continue
-            tag = (message.reader, message.msg_id)
-            for run, count in zip(frames[1:], message.counts):
-                self._emit(*self.builder.add(run.buffer, tag, count))
-            if self.first_pending is None and self.builder.pending:
-                self.first_pending = now
-        now = time.monotonic()
-        if self.builder.pending and (now - self.first_pending >= self.linger or self.stopping):
-            self._emit(*self.builder.flush())
-            self._parity(self.fec.flush())  # a quiet link must not hold parity back
-        if self.parity:
-            self._send([], [])
-        if self.drained(idle=not got):
-            return not (self.out.flush() and self._dlq_done())
+            handlers[type(message)](message, frames)
+
+    def after_input(self, now):
+        if self.first_pending is None and self.builder.pending:
+            self.first_pending = now
+        self._flush_lingered()
         return True
 
-    def _wait_ms(self, now):
-        if self.builder.pending:
-            return max(0, int((self.first_pending + self.linger - now) * 1000))
-        return 50
+    def finish(self, now):
+        """What the builder and the FEC blocks hold goes; done once the udp_sender has taken
+        everything and every dead letter is delivered."""
+        self._flush_lingered()
+        return not (self.out.flush() and self._dlq_done())
+
+    def _flush_lingered(self) -> None:
+        """What the builder has held batch.linger.ms (or anything, stopping) goes, with the
+        parity of unfinished blocks (a quiet link must not hold parity back); parity that
+        became due goes too. (Not a loop.Timer, which runs at a turn's start: what lingers
+        takes the turn's input first, and stays while the udp_sender is behind, rather than
+        leave short; before_input keeps the wait for input within the linger.)"""
+        if self.builder.pending and (self.stopping or
+                                     time.monotonic() - self.first_pending >= self.linger):
+            self._emit(*self.builder.flush())
+            self._parity(self.fec.flush())
+        if self.parity:
+            self._send([], [])
+
+    def _runs(self, message: Runs, frames) -> None:
+        tag = (message.reader, message.msg_id)
+        for run, count in zip(frames[1:], message.counts):
+            self._emit(*self.builder.add(run.buffer, tag, count))
 
     def _seal(self, body: bytes) -> bytes:
         """Seal a data datagram; with FEC, into the block the encoder assigns, whose parity
@@ -125,17 +153,6 @@ class Stage(BaseStage):
         for out in outs:
             self.parity.append(self.sealer.seal(out.payload, wire.KIND_PARITY,
                                                 routing_key=out.block_id))
-
-    def _side(self, message) -> None:
-        """A reader's message other than records, sealed after the records before it."""
-        if type(message) is Heartbeat:
-            self._heartbeat(message.beat)
-        elif type(message) is SourceLook:
-            self._source(message.state)
-        elif type(message) is DigestBatch:
-            self._digests(message.batch)
-        elif type(message) is MetadataLook:
-            self._metadata(message.meta)
 
     def _put(self, datagrams: list, meta: list) -> None:
         """Datagrams to the udp_sender in one frame, with what each acknowledges."""
@@ -180,9 +197,10 @@ class Stage(BaseStage):
         self._send(datagrams, meta)
         self.metrics.inc("fragmented_records")
 
-    def _heartbeat(self, beat: dict):
+    def _heartbeat(self, message: Heartbeat, frames):
         """Seal a reader's heartbeat after the records this packer holds, split over as many
         datagrams as its partitions need."""
+        beat = message.beat
         self._emit(*self.builder.flush())
         flags = wire.FLAG_STOPPING if beat.get("stopping") else 0  # (the reader stops cleanly)
         datagrams = [self.sealer.seal(wire.encode_heartbeat({**beat, "partitions": c}),
@@ -191,9 +209,10 @@ class Stage(BaseStage):
         self._put(datagrams, [[] for _ in datagrams])
         self.metrics.inc("heartbeat_datagrams", len(datagrams))
 
-    def _source(self, state: dict):
+    def _source(self, message: SourceLook, frames):
         """Seal a reader's look at its source (wire.KIND_SOURCE), split over as many datagrams
         as its partitions need, each with the retention of the topics it names."""
+        state = message.state
         topics = {t[0]: t for t in state["topics"]}
         datagrams = []
         for chunk in self._chunks(state["partitions"], state["cluster"]):
@@ -204,18 +223,20 @@ class Stage(BaseStage):
         self._put(datagrams, [[] for _ in datagrams])
         self.metrics.inc("heartbeat_datagrams", len(datagrams))
 
-    def _digests(self, batch: dict):
+    def _digests(self, message: DigestBatch, frames):
         """Seal a reader's digests of ranges read (wire.KIND_DIGEST), as many datagrams as
         they need."""
+        batch = message.batch
         datagrams = [self.sealer.seal(wire.encode_digests({**batch, "partitions": chunk}),
                                       wire.KIND_DIGEST)
                      for chunk in self._chunks(batch["partitions"], batch["cluster"])]
         self._put(datagrams, [[] for _ in datagrams])
         self.metrics.inc("heartbeat_datagrams", len(datagrams))
 
-    def _metadata(self, meta: dict):
+    def _metadata(self, message: MetadataLook, frames):
         """Seal the source's metadata (wire.KIND_METADATA), its topics and group offsets over
         as many datagrams as they need (each entry measured as encoded)."""
+        meta = message.meta
         empty = {**meta, "topics": [], "groups": []}
         base = len(wire.encode_metadata(empty))
         room = self.builder.budget - base

@@ -5,9 +5,11 @@ it, a sleeping pacer always) and, once the kernel has taken a datagram, acknowle
 to the readers that read them: only then may their offsets be committed. Consecutive datagrams of
 one size leave in one call (UDP GSO, diode.link.offload) where the kernel takes it.
 
-A datagram's way through it: Stage.step takes a messages.Datagrams from a packer -> the backlog
--> _send_backlog (the pacer's wait, diode.link.offload.send_batch, link.copies times) ->
-_flush_acks -> a messages.Acks to each reader whose records it carried.
+A datagram's way through it: the runtime's loop (diode.runtime.worker.Stage.step) hands a
+messages.Datagrams from a packer to _datagrams -> the backlog -> _send_backlog (the pacer's
+wait, diode.link.offload.send_batch, link.copies times; Stage.after_input, or
+Stage.before_input for what is left) -> _flush_acks -> a messages.Acks to each reader whose
+records it carried.
 """
 
 import socket
@@ -43,23 +45,27 @@ class Stage(BaseStage):
         self._gso(not refused, refused if link.gso_enabled else "")
         self.pending_acks: dict[int, list] = {}
         self.backlog = deque()  # (datagram, acks) taken from a packer, not yet sent
+        self.listen(self.input, self._datagrams, Datagrams.decode)
 
-    def step(self):
+    # -- the runtime's loop (diode.runtime.worker.Stage.step) ---------------------------------
+
+    def before_input(self, now):
+        """A backlog left (the network refused a send) is sent first, and no input taken this
+        turn: not a spin, the pacer waits between datagrams and a refused send 0.2 s. Then the
+        acknowledgements that wait for their reader."""
         if self.backlog:
             self._send_backlog()
-            return True
+            return None
         if self.pending_acks:
             self._flush_acks()
-        got = self.input.poll(50)
-        if self.drained(idle=not got):
-            return False
-        if not got:
-            return True
-        for frames in transport.drain(self.input, 16):
-            message = Datagrams.decode(frames[0])
-            self.backlog.extend(zip(transport.split(message.lengths, frames[1]),
-                                    message.carried))
-        self._send_backlog()
+        return self.POLL_MS
+
+    def _datagrams(self, message: Datagrams, frames) -> None:
+        self.backlog.extend(zip(transport.split(message.lengths, frames[1]), message.carried))
+
+    def after_input(self, now):
+        if self.backlog:
+            self._send_backlog()
         return True
 
     def _gso(self, on: bool, why: str = "") -> None:

@@ -326,6 +326,21 @@ def test_packer_fills_datagrams_and_reports_what_each_carries(zctx):
     assert p.metrics.get("datagrams") > 10  # 500 records of ~40 bytes do not fit in one
 
 
+def test_a_packer_waits_out_its_linger_in_the_poll_not_in_empty_turns(zctx):
+    """A few records wait batch.linger.ms (5) for more, then leave in one datagram; the loop
+    waits for input until then, not turning without waiting for the linger's last
+    millisecond (a busy wait: the wait left was rounded down to 0 ms, ~100 turns)."""
+    p, feed, out = packer_wired(zctx)
+    feed.send_multipart([messages.Runs(0, 1, [3]).encode(), runs.from_records(records(3))])
+    sent, turns = [], 0
+    while not sent and turns < 1000:
+        sent = packer_step(p, out)
+        turns += 1
+    assert [len(wire.open_datagram(dg, crypto.Keyring(1, MASTER))[0]) for dg, _ in sent] == [3]
+    assert turns <= 5, f"{turns} turns while 3 records lingered"
+    p.close()
+
+
 def test_packer_seals_a_readers_heartbeat_after_what_it_holds(zctx):
     p, feed, out = packer_wired(zctx)
     recs = records(5)
