@@ -4,7 +4,9 @@ Each reader owns a fixed share of the source partitions (diode.kafka.clients.rep
 looks for new topics and partitions every refresh.topics.interval.seconds, from a thread
 (diode.kafka.refresh): a slow source cluster never holds up the loop or its heartbeats. What one
 consume call returns goes to a packer as one message: a run per partition (diode.link.runs,
-encoded here once, as it will cross the link) as ZeroMQ frames after a small header;
+encoded here once, as it will cross the link) as ZeroMQ frames after a small header: the
+runtime's loop (diode.runtime.worker.Stage.step) polls the consumer through Stage.poll_input and
+hands what it returned to Stage.take_input -> Stage._send_records -> the packer's outbox;
 udp_senders (and packers, for dead-lettered records) acknowledge them back, and the longest
 fully acknowledged prefix of each partition is committed to the source cluster's consumer group
 (diode.kafka.offsets.SentTracker).
@@ -51,6 +53,7 @@ BATCH_RECORDS = 1000
 MAX_DIGESTS_WAITING = 10000  # digests closed while the packers took nothing (then the oldest go)
 REFRESH_TAKE_SECONDS = 0.1  # how often the loop takes what the partition watcher found
 STOPPING_BEAT_SECONDS = 0.1
+ACK_WAIT_MS = 20  # how long a turn that reads nothing waits for acknowledgements
 
 
 class Stage(BaseStage):
@@ -59,6 +62,7 @@ class Stage(BaseStage):
     # the receiver logs that the sender stopped instead of warning of a silent link.
     STOPPING_BEATS = 3
     PARTITION_EOF = False  # whether the consumer reports the end of each partition it reaches
+    TAKES_INPUT_WHILE_STOPPING = False  # (a head stage: stopping, it reads nothing more)
 
     def open(self):
         s = self.t.sender
@@ -78,8 +82,9 @@ class Stage(BaseStage):
         # chain started and the last offset dispatched; both forgotten when the reader rewinds.
         self.chain_start: dict = {}
         self.last_read: dict = {}
-        self.next_heartbeat = 0.0
-        self.stopping_beats = None  # stopping: the heartbeats marked stopping sent so far
+        # stopping (finish): the heartbeats marked stopping sent so far, when the next is due,
+        # and whether every digest was closed (at its first turn)
+        self.stopping_beats, self.stopping_beat_due, self.digests_closed = None, 0.0, False
         self.counts: dict = {}            # topic -> partition count
         # The incarnations of the sources read (diode.kafka.lineage), and what a reader before
         # this restart knew of them.
@@ -88,16 +93,27 @@ class Stage(BaseStage):
         #                                   -> when that was seen
         self.epoch = int.from_bytes(os.urandom(3), "big") << 32
         self.seq = 0
-        self.next_refresh = 0.0
         self.meta_sent = Sent()
         self.look = None  # the metadata watcher's latest look
-        self.next_whole = 0.0  # when everything is sent next
+        self.whole_wanted = False  # everything is sent with the next metadata (self.whole)
+        self.consumed: list | None = None  # what the turn's consume call returned
         self.digests: deque = deque(maxlen=MAX_DIGESTS_WAITING)  # closed, not yet handed on
         self.watcher = self.metadata = self.digester = None
         self._watch_source()
-        self.next_commit = time.monotonic() + s.offset_commit_interval_ms / 1000
         self.waiting_since = None         # when acknowledgements were last outstanding and new
-        self.stop_deadline = None
+        self._deadlines()
+
+    def _deadlines(self) -> None:
+        """The loop's timers, in the order they run at the start of a turn (before reading):
+        the heartbeat (the first goes before any record), reader 0's whole metadata, what the
+        watchers found, the commit. None acts while stopping: finish() does what is left."""
+        s = self.t.sender
+        self.every(s.heartbeat_interval_ms / 1000, self._beat)
+        if self.metadata is not None:
+            self.whole = self.every(s.metadata_interval_ms / 1000, self._want_whole)
+        self.every(REFRESH_TAKE_SECONDS, self._take_found)
+        commit = s.offset_commit_interval_ms / 1000
+        self.every(commit, self._commit_due, first=time.monotonic() + commit)
 
     def _watch_source(self) -> None:
         """Look at the source off this loop: its topics, partitions and identities (the
@@ -316,42 +332,64 @@ class Stage(BaseStage):
         self.log.warning("rewound %d partition(s) to the committed positions: %d record(s) in "
                          "flight are read again", len(tps), lost)
 
-    # -- the loop ----------------------------------------------------------------------------
+    # -- its deadlines (timers: diode.runtime.worker.Stage.every) ----------------------------
 
-    def step(self):
-        now = time.monotonic()
+    def _beat(self, now: float) -> None:
+        """A heartbeat, at the start of a turn: before reading, so the first goes before any
+        record and a receiver that hears it accounts every chain of this reader from its start
+        (diode.accounting.ordering). Not while stopping: finish() sends its own."""
+        if not self.stopping:
+            self._heartbeat()
+
+    def _want_whole(self, now: float) -> None:
+        """Reader 0: everything goes with the next metadata sent (_send_metadata), which
+        moves this timer to sender.metadata.interval.ms after it."""
+        self.whole_wanted = True
+
+    def _take_found(self, now: float) -> None:
+        """Take what the watchers found: partitions to read (_refresh), reader 0's metadata.
+        Not while stopping."""
+        if self.stopping:
+            return
+        self._refresh()
+        if self.metadata is not None:
+            self._send_metadata(now)
+
+    def _commit_due(self, now: float) -> None:
+        """Commit what was sent (not while stopping: finish() commits once, at the end)."""
+        if not self.stopping:
+            self._commit()
+
+    # -- what the runtime's loop calls (diode.runtime.worker.Stage.step) ---------------------
+
+    def before_input(self, now: float) -> int | None:
+        """First at every turn, stopping or not: the acknowledgements. Then, unless stopping
+        (finish() is next): rewind if they stopped coming; read, unless the packers or the
+        records in flight are full (None: then it has waited a moment for acknowledgements)."""
         self._take_acks()
         if self.stopping:
-            return self._drain_step(now)
-        if now >= self.next_heartbeat:
-            # (before reading: the first heartbeat goes before any record, so a receiver that
-            # hears it accounts every chain of this reader from its start: see
-            # diode.accounting.ordering)
-            self._heartbeat()
-            self.next_heartbeat = now + self.t.sender.heartbeat_interval_ms / 1000
-        self._read_step(now)
-        if now >= self.next_commit:
-            self._commit()
-            self.next_commit = now + self.t.sender.offset_commit_interval_ms / 1000
-        return True
-
-    def _read_step(self, now: float) -> None:
-        """Take what the watchers found; read, unless the packers or the records in flight
-        are full (then wait a moment for acknowledgements); rewind if they stopped coming."""
-        if now >= self.next_refresh:
-            self._refresh()
-            if self.metadata is not None:
-                self._send_metadata(now)
-            self.next_refresh = now + REFRESH_TAKE_SECONDS
-        if self.out.flush() and self.tracker.inflight < self.t.sender.max_inflight_records \
-                and self.assigned:
-            self._read()
-        else:
-            self.acks.poll(20)
+            return None
         self._check_stalled(now)
+        if self.out.flush() and self.tracker.inflight < self.t.sender.max_inflight_records:
+            return self.POLL_MS
+        self.acks.poll(ACK_WAIT_MS)
+        return None
 
-    def _read(self):
-        msgs = self._records(self.consumer.consume(BATCH_RECORDS, timeout=0.05))
+    def poll_input(self, wait_ms: int) -> list:
+        """One consume call, waiting up to `wait_ms` for records; with nothing assigned (no
+        partition yet, or none left), a moment's wait for acknowledgements instead."""
+        if not self.assigned:
+            self.acks.poll(ACK_WAIT_MS)
+            return []
+        self.consumed = self.consumer.consume(BATCH_RECORDS, timeout=wait_ms / 1000)
+        return self.consumed
+
+    def take_input(self) -> None:
+        msgs, self.consumed = self.consumed, None
+        self._send_records(self._records(msgs))
+
+    def _send_records(self, msgs: list) -> None:
+        """The records of one consume call to a packer, as one message: a run per partition."""
         # grouped by partition without a Python frame per message
         groups: dict = {}  # (topic, partition) -> its messages, in offset order
         where = zip(map(Message.topic, msgs), map(Message.partition, msgs))
@@ -437,9 +475,9 @@ class Stage(BaseStage):
                 self.metrics.inc("errors", reason="metadata")
             else:
                 self.look = look
-        whole = now >= self.next_whole
+        whole = self.whole_wanted
         if self.look is None or self.out.full:
-            return  # (not sent: the next step tries again)
+            return  # (not sent: the next look tries again, _take_found)
         topics, positions = self.meta_sent.changes(self.look, whole)
         if not topics and not positions:
             return
@@ -450,7 +488,8 @@ class Stage(BaseStage):
         self.meta_sent.sent(look)
         self.metrics.inc("metadata_sent")
         if whole:
-            self.next_whole = now + self.t.sender.metadata_interval_ms / 1000
+            self.whole_wanted = False
+            self.whole.at(now + self.t.sender.metadata_interval_ms / 1000)
 
     def _send_digests(self, now: float) -> None:
         """The digests closed, and those of ranges open long enough, to the packers
@@ -558,33 +597,35 @@ class Stage(BaseStage):
             self.metrics.inc("errors", reason="commit")
             self.tracker.retry(failed)
 
-    def _drain_step(self, now):
-        """Read nothing more; wait for what is in flight to be sent, commit, say so in
-        STOPPING_BEATS heartbeats marked stopping (after the last records), finish."""
-        if self.stop_deadline is None:
-            self.stop_deadline = now + self.drain_budget()
-            if self.digester is not None:  # (what was read is sent before the packers stop)
-                self._send_digests(float("inf"))
+    def finish(self, now):
+        """Stopping (the loop reads nothing more): wait until `finish_by` for what is in flight
+        to be sent, commit, say so in STOPPING_BEATS heartbeats marked stopping (after the last
+        records), STOPPING_BEAT_SECONDS apart, finish a moment after the last. (Their deadline is
+        an attribute of its own, not a timer: it is kept only once the commit is made and the
+        packers have taken what was handed on, which a timer, run before each turn, knows not.)"""
+        if self.digester is not None and not self.digests_closed:
+            self.digests_closed = True  # (what was read is sent before the packers stop)
+            self._send_digests(float("inf"))
         flushed = self.out.flush()
-        if self.tracker.inflight and now < self.stop_deadline:
-            self.acks.poll(20)
+        if self.tracker.inflight and now < self.finish_by:
+            self.acks.poll(ACK_WAIT_MS)
             return True
         if self.stopping_beats is None:  # (once: what was sent is committed)
             if self.tracker.inflight:
                 self.log.warning("stopping with %d record(s) not acknowledged as sent: they are "
                                  "read again at the next start", self.tracker.inflight)
             self._commit(sync=True)
-            self.stopping_beats, self.next_heartbeat = 0, now
-            self.stop_deadline = max(self.stop_deadline, now + 1.0)
-        if now >= self.stop_deadline or not self.STOPPING_BEATS:
+            self.stopping_beats, self.stopping_beat_due = 0, now
+            self.finish_by = max(self.finish_by, now + 1.0)
+        if now >= self.finish_by or not self.STOPPING_BEATS:
             return False
-        if now < self.next_heartbeat or not flushed:
+        if now < self.stopping_beat_due or not flushed:
             time.sleep(0.01)  # (the last one too has a moment to reach its packer)
             return True
         if self.stopping_beats < self.STOPPING_BEATS and self._heartbeat(stopping=True):
             self.stopping_beats += 1
-            self.next_heartbeat = now + STOPPING_BEAT_SECONDS
-        return self.stopping_beats < self.STOPPING_BEATS or now < self.next_heartbeat
+            self.stopping_beat_due = now + STOPPING_BEAT_SECONDS
+        return self.stopping_beats < self.STOPPING_BEATS or now < self.stopping_beat_due
 
     def close(self):
         if self.watcher is not None:

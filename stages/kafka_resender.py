@@ -12,11 +12,11 @@ kafka_reader's place, made for its ranges (`Stage.for_ranges`). It is the reader
 - per range read through, a digest of the records the source holds in it (on a compacted
   topic fewer than its offsets), so that the receiver knows when its ticket is filled; none
   after a rewind, whose ranges are read again from mid-way;
-- it finishes: once every range is sent and acknowledged it exits 0, and the supervisor,
-  seeing every worker of a FINISHES stage done, drains the launch.
+- it finishes: once every range is sent and acknowledged its after_input returns False (the
+  runtime's loop ends) and it exits 0, and the supervisor, seeing every worker of a FINISHES
+  stage done, drains the launch.
 """
 
-import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -79,13 +79,14 @@ class Stage(kafka_reader.Stage):
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def step(self):
-        now = time.monotonic()
-        self._take_acks()
-        if self.stopping:
-            return self._drain_step(now)
-        self._read_step(now)
-        # no chain, no commit: done when every range is sent
+    def _deadlines(self) -> None:
+        """One timer: the partitions of the manifest assigned (_refresh). No heartbeat, no
+        metadata, no commit."""
+        self.every(kafka_reader.REFRESH_TAKE_SECONDS, self._take_found)
+
+    def after_input(self, now):
+        """No chain, no commit: the digests of the ranges read through handed on; done (False)
+        when every range is sent."""
         if self.digests and not self.out.full:
             self._hand_digests(resend=True)
         if not any(self.left.values()) and not self.tracker.inflight and \

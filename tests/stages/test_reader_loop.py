@@ -1,0 +1,118 @@
+"""A kafka_reader and a kafka_resender driven turn by turn (diode.runtime.worker.Stage.step)
+against a real source broker, their packer and acknowledgements played by the test: the order
+of what a reader hands on at its start and at its stop, and a resend that ends by itself."""
+
+import socket
+import tempfile
+import time
+
+import pytest
+import zmq
+from confluent_kafka import Consumer, TopicPartition
+
+from diode.runtime import messages, transport
+from diode.runtime.metrics import Metrics
+from diode.runtime.topology import from_dict
+from diode.runtime.wiring import WorkerSpec
+from diode.runtime.worker import Secrets, StageContext
+from stages import kafka_reader, kafka_resender
+from tests.conftest import create_topic, free_port, only_on, produce
+from tests.stages.test_stages import MASTER, sink
+
+pytestmark = pytest.mark.integration  # (a broker is started)
+
+RECORDS = 50
+
+
+def reader_topology(bootstrap: str):
+    return from_dict({
+        "link": {"port": free_port(socket.SOCK_DGRAM), "bind.address": "127.0.0.1"},
+        "security": {"password.env": "X", "salt": "salt"},
+        # (heartbeats often enough that one would fall due while the reader stops)
+        "sender": {"kafka": {"bootstrap.servers": bootstrap}, "topics": ["t"],
+                   "heartbeat.interval.ms": 50},
+        "receiver": {"kafka": {"bootstrap.servers": "x:1"},
+                     "journal.dir": tempfile.mkdtemp(prefix="diode-test-journal-")},
+    })
+
+
+def open_reader(zctx, t, cls):
+    spec = WorkerSpec("sender", "kafka_reader", 0, ())
+    s = cls(StageContext(t, spec, "inproc", Secrets(1, MASTER), zctx,
+                         Metrics({"stage": "kafka_reader"})))
+    s.open()
+    return s
+
+
+def turns(reader, out, acks, until, seconds=30) -> tuple[list, bool]:
+    """Turns of `reader` until `until(handed)` or its loop ends; what it handed its packer,
+    decoded, each Runs acknowledged at once as the udp_sender would; whether it went on."""
+    handed, going = [], True
+    deadline = time.monotonic() + seconds
+    while going and not until(handed):
+        assert time.monotonic() < deadline, [type(m).__name__ for m in handed]
+        going = reader.step()
+        for frames in transport.drain(out, 1000):
+            m = messages.from_reader(frames[0])
+            handed.append(m)
+            if type(m) is messages.Runs:
+                acks.send(messages.Acks([(m.msg_id, sum(m.counts))]).encode())
+    return handed, going
+
+
+def records(handed) -> int:
+    return sum(sum(m.counts) for m in handed if type(m) is messages.Runs)
+
+
+@only_on("tansu")  # (the reader's loop decides it, not the broker)
+def test_a_reader_beats_before_its_first_record_and_after_its_last_and_a_resend_ends(
+        zctx, start_brokers, broker_kind, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # (a reader's lineage memory: <run dir>/state, here inproc/)
+    [src] = start_brokers(broker_kind, "source")
+    create_topic(src.bootstrap, "t", 1)
+    produce(src.bootstrap, "t", [{"value": b"r%d" % i} for i in range(RECORDS)])
+    t = reader_topology(src.bootstrap)
+    out = sink(zctx, "sender", "packer")
+    r = open_reader(zctx, t, kafka_reader.Stage)
+    acks = transport.push(zctx, ["inproc://sender-kafka_reader-0.acks"], 1000)
+    try:
+        running, _ = turns(r, out, acks, lambda h: records(h) == RECORDS)
+        kinds = [type(m) for m in running]
+        # The first heartbeat goes before any record (diode.accounting.ordering).
+        assert kinds.index(messages.Heartbeat) < kinds.index(messages.Runs), kinds
+        r.stop()
+        stopping, going = turns(r, out, acks, lambda h: False)
+    finally:
+        r.close()
+    assert not going
+    # Stopped: nothing more read; the acknowledged records committed, then said in exactly
+    # STOPPING_BEATS heartbeats marked stopping, naming the last offset sent, and no other.
+    assert not records(stopping)
+    beats = [m.beat for m in stopping if type(m) is messages.Heartbeat]
+    assert [b["stopping"] for b in beats] == [True] * kafka_reader.Stage.STOPPING_BEATS, beats
+    assert all([p[:2] + p[3:5] for p in b["partitions"]] == [["t", 0, 0, RECORDS - 1]]
+               for b in beats), beats
+    c = Consumer({"bootstrap.servers": src.bootstrap, "group.id": f"diode-{t.name}"})
+    try:
+        assert c.committed([TopicPartition("t", 0)], timeout=10)[0].offset == RECORDS
+    finally:
+        c.close()
+
+    # A resend of offsets 10..19 reads them, hands their digest, and ends by itself.
+    zctx2 = zmq.Context()
+    try:
+        out = sink(zctx2, "sender", "packer")
+        cls = kafka_resender.Stage.for_ranges({("t", 0): [[10, 19]]})
+        rs = open_reader(zctx2, t, cls)
+        acks = transport.push(zctx2, ["inproc://sender-kafka_reader-0.acks"], 1000)
+        try:
+            handed, going = turns(rs, out, acks, lambda h: False)
+        finally:
+            rs.close()
+    finally:
+        zctx2.destroy(linger=0)
+    assert not going and records(handed) == 10
+    assert not [m for m in handed if type(m) is messages.Heartbeat]
+    [digests] = [m.batch for m in handed if type(m) is messages.DigestBatch]
+    assert digests["resend"] and [d[:2] + d[3:6] for d in digests["partitions"]] == \
+        [("t", 0, 10, 19, 10)]
