@@ -177,8 +177,8 @@ class Stage(BaseStage):
         self.journal_failing = False
         self.retry_at = 0.0               # when a failing journal is tried again
         self.full_since = None
-        self.room = self.caught_up = True
-        self.batch = []
+        self.room = self.caught_up = True  # (at the turn's start: before_input)
+        self.batch = []                    # the turn's datagrams read: [(routing key, bytes)]
         # At the start of every turn, in this order: a replay asked for is answered before
         # anything else is read or forwarded; the journal's condition; the mark, which claims
         # only what the turns before forwarded.
@@ -221,8 +221,8 @@ class Stage(BaseStage):
             self._remember(items[0][0], now)
 
     def after_input(self, now):
-        """Forward a batch from the journal when there is room (the mark follows at the next
-        turn, as `_mark`); without room, wait a moment for it."""
+        """Forward a batch from the journal when there is room (its mark goes out at the start
+        of a later turn: _mark_due); without room, wait a moment for it."""
         if self.room and all(o.flush() for o in self.outs):
             if self.cursor < self.end:
                 self._forward_from_journal()
