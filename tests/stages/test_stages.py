@@ -348,6 +348,33 @@ def test_the_udp_readers_marks_follow_what_it_forwarded_through_a_replay_and_a_s
     r.close()
 
 
+def test_a_udp_reader_with_its_journal_full_and_everything_forwarded_waits(zctx):
+    """With its journal at receiver.journal.max.bytes it reads nothing (the kernel drops what
+    comes), and with nothing left to forward it waits for the journal to be released, as it
+    waits for datagrams, instead of turning without pause (a core burnt for as long as a
+    destination outage lasts)."""
+    t = topology(unpacker=1)
+    t = dataclasses.replace(t, receiver=dataclasses.replace(
+        t.receiver, journal_max_bytes=1 << 17, journal_segment_bytes=1 << 16))
+    unpacker = sink(zctx, "receiver", "unpacker")  # (taking everything)
+    r = make_stage(zctx, t, "receiver", "udp_reader")
+    sealer = wire.Sealer(crypto.SessionCipher(1, MASTER, 5), "none")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _ in range(80):
+            s.sendto(sealer.seal(bytes(1000)), ("127.0.0.1", t.link.port))
+    run_until(r, lambda: r.metrics.get("journal_full"))
+    assert r.cursor == r.end  # (everything read has gone on)
+    steps, cpu = 0, time.process_time()
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        r.step()
+        steps += 1
+    assert steps < 50, f"{steps} steps in 0.5 s: the loop spins on a full journal"
+    assert time.process_time() - cpu < 0.1
+    assert transport.drain(unpacker, 1000)  # (what it forwarded, and its marks)
+    r.close()
+
+
 def packer_wired(zctx):
     """A packer between a feed (as from a kafka_reader) and a sink (as a udp_sender)."""
     out = sink(zctx, "sender", "udp_sender")
