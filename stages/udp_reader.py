@@ -250,8 +250,8 @@ class Stage(BaseStage):
             limit = min(limit, max(0, room) // (MAX_DATAGRAM + RECORD_HEADER))
             if limit == 0:
                 self._full(True)
-                if wait_ms:  # (nothing to forward either: wait for the housekeeping's release)
-                    time.sleep(wait_ms / 1000)
+                if wait_ms:  # (nothing to forward either: wait for the housekeeping's
+                    self.control.poll(wait_ms)  # release, or a replay asked for)
                 return []
             self._full(False)
         out = []
