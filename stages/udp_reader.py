@@ -28,16 +28,18 @@ Messages to an unpacker (diode.runtime.messages):
 - Notice(started): a replay started at `started`; a worker that asked for a replay before
   then has its lost input coming.
 
-A datagram's way through it: Stage.step -> _receive (the socket, GRO segments split by
-diode.link.offload) -> _accept (the fixed header's routing key: diode.link.wire.routing_key) ->
-_append (the journal) -> _forward, or later _forward_from_journal -> a Data message to the
-unpacker of its lane.
+A datagram's way through it: the runtime's loop (diode.runtime.worker.Stage.step) reads the
+socket in Stage.poll_input -> _receive (GRO segments split by diode.link.offload) -> _accept
+(the fixed header's routing key: diode.link.wire.routing_key), and hands the batch to
+Stage.take_input -> _append (the journal) -> _forward, or at a later turn's after_input
+_forward_from_journal -> a Data message to the unpacker of its lane. A mark goes out at the
+start of a turn (a timer, _mark_due), so it claims only what earlier turns forwarded.
 
 The reader replays the journal when it starts, from the lowest low water of the writers'
 checkpoints (diode.runtime.checkpoints), and again whenever a restarted unpacker or writer asks on
-the control endpoint (a ReplayAsk: diode.runtime.replays; a first start has lost nothing: what
-was sent to it waited for it). Without a journal (receiver.journal.enabled false) positions only
-count datagrams and nothing is replayed.
+the control endpoint (a ReplayAsk: diode.runtime.replays, looked at first at every turn; a
+first start has lost nothing: what was sent to it waited for it). Without a journal
+(receiver.journal.enabled false) positions only count datagrams and nothing is replayed.
 """
 
 import errno
@@ -54,7 +56,6 @@ from diode.runtime.journal import HEADER, Journal, JournalError, JournalFull
 from diode.runtime.worker import Stage as BaseStage
 
 BATCH_DATAGRAMS = 64          # per unpacker per message
-POLL_MS = 50                  # longest wait for a datagram
 MARK_SECONDS = 0.02           # marks at least this often while traffic flows or the link is idle
 HOUSEKEEPING_SECONDS = 1.0    # journal release, metrics
 TIMES_MAX = 100_000           # (position, clock) entries kept for datagrams not yet forwarded
@@ -105,6 +106,10 @@ def open_journal(t) -> Journal | None:
 
 
 class Stage(BaseStage):
+    # A head stage: what comes after a stop is not read (what is journaled and not forwarded
+    # goes on at the next start).
+    TAKES_INPUT_WHILE_STOPPING = False
+
     @classmethod
     def prepare(cls, t, log) -> dict:
         """In the supervisor, before forking: the socket (it outlives a killed reader), and a
@@ -169,59 +174,75 @@ class Stage(BaseStage):
         self.reading = None               # journal reader while forwarding from the journal
         self.replay_end = 0               # positions below it are forwarded as replayed
         self.replay_started = 0.0
-        self.next_mark = 0.0
-        self.next_housekeeping = 0.0
         self.journal_failing = False
         self.retry_at = 0.0               # when a failing journal is tried again
         self.full_since = None
+        self.room = self.caught_up = True  # (at the turn's start: before_input)
+        self.batch = []                    # the turn's datagrams read: [(routing key, bytes)]
+        # At the start of every turn, in this order: a replay asked for is answered before
+        # anything else is read or forwarded; the journal's condition; the mark, which claims
+        # only what the turns before forwarded.
+        self.every(0.0, self._requests)
+        self.every(HOUSEKEEPING_SECONDS, self._housekeeping)
+        self.marks = self.every(MARK_SECONDS, self._mark_due)
         self.log.info("listening on udp %s:%d%s", link.bind_address, link.port,
                       f", journal in {self.dir}" if self.journal else ", no journal")
         self._replay(time.monotonic())    # what was journaled before this start goes on again
 
-    # -- the loop ------------------------------------------------------------------------------
+    # -- what the loop does (diode.runtime.worker.Stage.step) ---------------------------------
 
-    def step(self):
+    def before_input(self, now):
+        """Whether the unpackers have room, and whether everything read has gone on: only
+        then is the socket waited on (with nothing to forward but what comes)."""
+        self.room = all(o.flush() for o in self.outs)
+        self.caught_up = self.cursor == self.end
+        return self.POLL_MS if self.room and self.caught_up else 0
+
+    def poll_input(self, wait_ms: int) -> list:
+        """The socket is this stage's input: the turn's batch (_receive), after waiting up to
+        `wait_ms` for a datagram."""
+        self.batch = self._receive(wait_ms)
+        return self.batch
+
+    def take_input(self) -> None:
+        """Journal the batch read and forward it now, while the unpackers keep up; else it
+        waits in the journal for the cursor."""
+        batch = self.batch
         now = time.monotonic()
-        self._requests(now)
-        if now >= self.next_housekeeping:
-            self._housekeeping(now)
-            self.next_housekeeping = now + HOUSEKEEPING_SECONDS
-        if self.stopping:
-            # What is journaled and not forwarded is replayed at the next start.
-            self._mark(now, force=True)
-            return False
-        room = all(o.flush() for o in self.outs)
-        caught_up = self.cursor == self.end
-        batch = self._receive(block=room and caught_up)
-        now = time.monotonic()
-        if batch:
-            items = self._append(batch, now)
-            if items is None:
-                pass  # in the journal, forwarded from there when there is room
-            elif caught_up and room or self.journal is None or self.journal_failing:
-                # (without a journal the outboxes hold it, and reading stops until they empty)
-                self._forward(items, False, now)
-                if caught_up:
-                    self.cursor = self.end
-            else:
-                self._remember(items[0][0], now)
-        room = room and all(o.flush() for o in self.outs)
-        if room and self.cursor < self.end:
-            self._forward_from_journal()
-        if room:
-            self._mark(now)
-        elif not batch:
+        items = self._append(batch, now)
+        if items is None:
+            pass  # in the journal, forwarded from there when there is room
+        elif self.caught_up and self.room or self.journal is None or self.journal_failing:
+            # (without a journal the outboxes hold it, and reading stops until they empty)
+            self._forward(items, False, now)
+            if self.caught_up:
+                self.cursor = self.end
+        else:
+            self._remember(items[0][0], now)
+
+    def after_input(self, now):
+        """Forward a batch from the journal when there is room (its mark goes out at the start
+        of a later turn: _mark_due); without room, wait a moment for it."""
+        if self.room and all(o.flush() for o in self.outs):
+            if self.cursor < self.end:
+                self._forward_from_journal()
+        elif not self.batch:
             time.sleep(0.001)
         return True
 
-    def _receive(self, block: bool) -> list:
-        """Datagrams waiting on the socket (waiting up to its timeout when `block`), as many as
-        the journal has room for, in at most as many receive calls: a step ends however many
+    def finish(self, now):
+        """Stopping (a head stage: nothing more is read): a last mark. What is journaled and
+        not forwarded is replayed at the next start."""
+        self._mark(now)
+        return False
+
+    def _receive(self, wait_ms: int) -> list:
+        """Datagrams waiting on the socket (waiting up to `wait_ms` for one), as many as
+        the journal has room for, in at most as many receive calls: a turn ends however many
         of them are dropped here (a flood of datagrams not ours would otherwise keep it
         reading, unbeating, until the supervisor kills it); none while the unpackers are
         behind and there is no journal to hold them (the kernel buffer absorbs the burst)."""
-        if not all(o.flush() for o in self.outs) and (self.journal is None or
-                                                        self.journal_failing):
+        if not self.room and (self.journal is None or self.journal_failing):
             return []
         limit = BATCH_DATAGRAMS * len(self.outs)
         if self.journal is not None and not self.journal_failing:
@@ -229,10 +250,12 @@ class Stage(BaseStage):
             limit = min(limit, max(0, room) // (MAX_DATAGRAM + RECORD_HEADER))
             if limit == 0:
                 self._full(True)
+                if wait_ms:  # (nothing to forward either: wait for the housekeeping's
+                    self.control.poll(wait_ms)  # release, or a replay asked for)
                 return []
             self._full(False)
         out = []
-        if block and not self.poller.poll(POLL_MS):
+        if wait_ms and not self.poller.poll(wait_ms):
             return out
         calls = total = 0
         admits = self.admits  # (None: the kernel filters, or nothing does)
@@ -357,10 +380,19 @@ class Stage(BaseStage):
         if self.reading is None:
             self.cursor = max(self.cursor, self.reading_end)
 
-    def _mark(self, now: float, force: bool = False) -> None:
-        """Tell the unpackers how far forwarding has come (see the module)."""
-        if (now < self.next_mark and not force) or self.cursor < self.replay_end:
+    def _mark_due(self, now: float) -> None:
+        """The marks' timer: a mark when the unpackers have room and no replay is under way,
+        else at the first turn it can go (a stopping reader's last mark is `finish`'s)."""
+        if self.stopping:
             return
+        if not (all(o.flush() for o in self.outs) and self._mark(now)):
+            self.marks.at(now)
+
+    def _mark(self, now: float) -> bool:
+        """Tell the unpackers how far forwarding has come (see the module); False while a
+        replay is under way (no mark then)."""
+        if self.cursor < self.replay_end:
+            return False
         if self.cursor < self.end:
             while len(self.times) > 1 and self.times[1][0] <= self.cursor:
                 self.times.popleft()
@@ -372,7 +404,7 @@ class Stage(BaseStage):
         for out in self.outs:
             if not out.full:
                 out.put([frame])
-        self.next_mark = now + MARK_SECONDS
+        return True
 
     # -- replays ---------------------------------------------------------------------------------
 

@@ -287,6 +287,94 @@ def test_a_flood_of_datagrams_not_ours_ends_the_udp_readers_step(zctx):
     r.close()
 
 
+def reader_stream(sock, stream: list) -> None:
+    """What the udp_reader sent an unpacker, in order, onto `stream`: ("data", replayed, the
+    journal position after its last datagram), ("mark", position), ("notice", started)."""
+    for frames in transport.drain(sock):
+        m = messages.from_udp_reader(frames[0])
+        if isinstance(m, messages.Data):
+            last = transport.split(m.lengths, frames[1])[-1]
+            stream.append(("data", m.replayed,
+                           m.positions[-1] + udp_reader.RECORD_HEADER + len(last)))
+        elif isinstance(m, messages.Mark):
+            stream.append(("mark", m.position))
+        else:
+            stream.append(("notice", m.started))
+
+
+def test_the_udp_readers_marks_follow_what_it_forwarded_through_a_replay_and_a_stop(zctx):
+    """A mark claims only positions already forwarded in its stream (a writer checkpoints up
+    to it), while the unpacker is behind and what is read waits in the journal too; a replay
+    asked for is answered at the reader's next turn, and no mark goes out until the replay has
+    gone on; the last turn of a stopping reader marks where it got."""
+    t = topology(unpacker=1)
+    t = dataclasses.replace(t, supervisor=dataclasses.replace(t.supervisor,
+                                                              queue_max_messages=1))
+    unpacker = transport.pull(zctx, "inproc://receiver-unpacker-0.in", 1)  # (soon behind)
+    r = make_stage(zctx, t, "receiver", "udp_reader")
+    sealer = wire.Sealer(crypto.SessionCipher(1, MASTER, 5), "none")
+    stream = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for i in range(12):  # (a message a turn: the queue and the outbox fill)
+            for j in range(3):
+                s.sendto(sealer.seal(b"payload %d %d" % (i, j)), ("127.0.0.1", t.link.port))
+            time.sleep(udp_reader.MARK_SECONDS)
+            r.step()
+    assert r.metrics.get("datagrams") == 36 and r.cursor < r.end  # (waiting in the journal)
+    run_until(r, lambda: reader_stream(unpacker, stream) or stream[-1:] == [("mark", r.end)])
+    ask = transport.push(zctx, ["inproc://receiver-udp_reader-0.control"], 4)
+    asked = time.monotonic()
+    ask.send(messages.ReplayAsk(asked, "receiver/unpacker-0").encode())
+    r.step()
+    assert r.replay_started >= asked  # (answered at once: a Notice on its way)
+    run_until(r, lambda: reader_stream(unpacker, stream) or stream[-1] == ("mark", r.end) and
+              any(e[0] == "notice" and e[1] >= asked for e in stream))
+    replay = stream[[e[0] == "notice" and e[1] >= asked for e in stream].index(True):]
+    assert ("data", True, r.end) in replay  # (the journal again, from its start)
+    assert [e for e in replay if e[0] == "mark"][0] == ("mark", r.end)
+    held = 0  # (the highest position forwarded so far in the stream)
+    for event in stream:
+        if event[0] == "data":
+            held = max(held, event[2])
+        elif event[0] == "mark":
+            assert event[1] <= held, stream
+    assert len({e for e in stream if e[0] == "mark"}) >= 2  # (marks as it caught up)
+    stopped = len(stream)
+    r.stop()
+    assert r.step() is False
+    reader_stream(unpacker, stream)
+    assert stream[stopped:] == [("mark", r.end)]
+    ask.close(linger=0)
+    r.close()
+
+
+def test_a_udp_reader_with_its_journal_full_and_everything_forwarded_waits(zctx):
+    """With its journal at receiver.journal.max.bytes it reads nothing (the kernel drops what
+    comes), and with nothing left to forward it waits for the journal to be released, as it
+    waits for datagrams, instead of turning without pause (a core burnt for as long as a
+    destination outage lasts)."""
+    t = topology(unpacker=1)
+    t = dataclasses.replace(t, receiver=dataclasses.replace(
+        t.receiver, journal_max_bytes=1 << 17, journal_segment_bytes=1 << 16))
+    unpacker = sink(zctx, "receiver", "unpacker")  # (taking everything)
+    r = make_stage(zctx, t, "receiver", "udp_reader")
+    sealer = wire.Sealer(crypto.SessionCipher(1, MASTER, 5), "none")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _ in range(80):
+            s.sendto(sealer.seal(bytes(1000)), ("127.0.0.1", t.link.port))
+    run_until(r, lambda: r.metrics.get("journal_full"))
+    assert r.cursor == r.end  # (everything read has gone on)
+    steps, cpu = 0, time.process_time()
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        r.step()
+        steps += 1
+    assert steps < 50, f"{steps} steps in 0.5 s: the loop spins on a full journal"
+    assert time.process_time() - cpu < 0.1
+    assert transport.drain(unpacker, 1000)  # (what it forwarded, and its marks)
+    r.close()
+
+
 def packer_wired(zctx):
     """A packer between a feed (as from a kafka_reader) and a sink (as a udp_sender)."""
     out = sink(zctx, "sender", "udp_sender")
