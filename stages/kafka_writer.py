@@ -7,9 +7,11 @@ receiver.schemas.topic) on the same partition number when the destination topic 
 partitions. A destination topic that does not exist is created with the source topic's partition
 count (receiver.schemas.topic as a schema registry requires: 1 partition, compacted).
 
-This stage is the loop: it takes the unpackers' runs and heartbeats (_take_input), offers them to
-its source partitions' states, asks the reader to replay its journal after a restart, and hands
-each job to its room (diode.writer):
+The runtime's loop (diode.runtime.worker.Stage.step) hands this stage the unpackers' runs and
+heartbeats, a messages.Batch at a time (_batch); the stage offers them to its source partitions'
+states, asks the reader to replay its journal after a restart (Stage.replays), looks at the
+runs and claims waiting on the reader's clock every EXPIRE_SECONDS (a timer: _expire_waiting),
+and hands each job to its room (diode.writer):
 
 - order, duplicates and gaps, per incarnation of each source partition (diode.kafka.identity):
   diode.accounting.ordering, the one place where a range is decided missing;
@@ -51,11 +53,9 @@ hands the answers back. Meanwhile the records of that topic or source topic wait
 (or with the runs waiting for recovery), in their order, counted in backlog_records: past
 MAX_BACKLOG_RECORDS the writer takes no more input, so waiting holds the pipeline back and drops
 nothing. A checkpoint's flush, and the acknowledgement of missing ranges before the records after
-them, are waited for a moment per step (FLUSH_STEP_SECONDS) with no input taken meanwhile; a stop
-waits the same way, up to its drain time, for everything to be acknowledged.
+them, are waited for a moment per turn (FLUSH_STEP_SECONDS) with no input taken meanwhile; a stop
+waits the same way, up to its drain time, for everything to be acknowledged (finish).
 """
-
-import time
 
 from confluent_kafka import Producer
 
@@ -70,7 +70,6 @@ from diode.link.records import partition_owner
 from diode.link.runs import Run
 from diode.runtime.worker import Stage as BaseStage
 from diode.runtime.messages import Batch, Claim, DigestBatch, Heard, Mark, MetadataLook
-from diode.runtime.replays import ReplayRequest
 from diode.writer.destination import FLUSH_STEP_SECONDS, Destination
 from diode.writer.link_watch import LinkWatch
 from diode.writer.recovery import Recovery
@@ -79,7 +78,7 @@ from diode.writer.source_view import SourceView
 
 MAX_BACKLOG_RECORDS = 20000  # records decoded and waiting for the producer; past it, no input
 MAX_EVENTS = 20000           # events (missing ranges, dead letters) waiting; past it, no input
-INPUT_MESSAGES = 16          # unpacker messages taken per step
+INPUT_MESSAGES = 16          # unpacker messages taken per turn
 EXPIRE_SECONDS = 0.02       # waiting runs and claims are looked at this often
 QUEUE_FULL_WAIT_MS = 5       # the producer's queue is full: wait this long for input, not spin
 MAX_READERS = 1024           # the sender's readers whose earliest heartbeat is kept (_heard)
@@ -117,7 +116,6 @@ class Stage(BaseStage):
                                reporter=self.reporter, emit=self.dest.emit, sync=self.sync)
         self.link = LinkWatch(r, self.metrics, self.log, self.dest.emit,
                               lambda: len(self.dest.event_queue), MAX_EVENTS)
-        self.next_expire = 0.0
         # The reader's clock and journal position, per unpacker, from its marks (messages.Mark):
         # taken once the replay this start asked for has begun there (see stages.udp_reader).
         n = ctx.instances("unpacker")
@@ -131,13 +129,14 @@ class Stage(BaseStage):
                                  name_of=self.destination, state=self._state,
                                  ask_holdings=self.preparer.holdings,
                                  resuming=ctx.incarnation > 1)
-        self.finish_by = None  # stopping: when to give up waiting for acknowledgements
         if self.durable:
             self.recovery.restore(self._heard)
         # A first start lost nothing (what was sent to it waited for it: the reader replays
         # the journal itself when it starts); a restart lost what its predecessor held, and
         # asks for it again, one stream per unpacker.
-        self.replay_request = ReplayRequest(ctx, n)
+        self.replays(n)
+        self.listen(self.input, self._batch, Batch.decode, INPUT_MESSAGES)
+        self.every(EXPIRE_SECONDS, self._expire_waiting)
 
     def destination(self, topic: str) -> str:
         if topic == self.schemas_topic:
@@ -147,9 +146,15 @@ class Stage(BaseStage):
     def _owns(self, topic: str, partition: int) -> bool:
         return partition_owner(topic, partition, self.writers) == self.ctx.spec.index
 
-    # -- the loop ------------------------------------------------------------------------------
+    # -- what the loop hands over (diode.runtime.worker.Stage.step) ----------------------------
 
-    def step(self):
+    def before_input(self, now):
+        """What comes first at every turn: the producers' callbacks, the Preparer's answers,
+        the metadata handed to the sync, the queued events produced, the acknowledgements
+        counted. Then no input (None) while a checkpoint's flush waits (a step of it, waited
+        here) or while the destination is behind (_held_back: the backlog produced, a moment
+        waited for the destination); else how long to wait for input: a moment when the
+        producer's queue is full, none when the backlog can be produced now, else POLL_MS."""
         dest = self.dest
         dest.poll()
         if self.recovery.flushing is None and (dest.asked or self.recovery.asked or
@@ -159,48 +164,63 @@ class Stage(BaseStage):
             self.view.hand()
         dest.produce_events()
         dest.acknowledged()
-        now = time.monotonic()
-        self.replay_request.tick(now)
         if self.recovery.flushing is not None:
             # A checkpoint waits for the destination's acknowledgements: no input meanwhile,
             # as if the flush were one call (the state it records stays what it is).
             self.recovery.flushed(now, dest.settle)
-            return True
-        checkpoint_due = self.durable and now >= self.recovery.next_checkpoint
-        if dest.backlog_records >= MAX_BACKLOG_RECORDS or len(dest.event_queue) >= MAX_EVENTS \
-                or (checkpoint_due and dest.backlog):
+            return None
+        if self._held_back(now):
             # The destination is behind (or a checkpoint waits for the backlog to go): take no
             # input. Time stands still for the waiting runs too: it runs on the reader's marks.
             dest.produce_backlog()
             if dest.backlog or dest.event_queue:
                 dest.poll(0.05)  # the destination is slow or down: wait, keep order
-            return True
-        got = self.input.poll(QUEUE_FULL_WAIT_MS if dest.queue_full else
-                              0 if dest.backlog and not dest.waits() else 50)
-        if self.drained(idle=not got and not dest.backlog):
-            return self._finish()
-        if got:
-            self._take_input()
+            return None
+        return QUEUE_FULL_WAIT_MS if dest.queue_full else \
+            0 if dest.backlog and not dest.waits() else self.POLL_MS
+
+    def _held_back(self, now: float) -> bool:
+        """Whether no input is taken this turn: the destination is behind (the backlog or the
+        events past their bounds), or a checkpoint is due and waits for the backlog to go."""
+        dest = self.dest
+        return dest.backlog_records >= MAX_BACKLOG_RECORDS or \
+            len(dest.event_queue) >= MAX_EVENTS or (self._checkpoint_due(now) and dest.backlog)
+
+    def _checkpoint_due(self, now: float) -> bool:
+        return self.durable and now >= self.recovery.next_checkpoint
+
+    def idle(self):
+        return not self.dest.backlog
+
+    def after_input(self, now):
+        """The turn's fills reported, the backlog produced, and a checkpoint if one is due and
+        the backlog is empty."""
+        dest = self.dest
         self.reporter.report_fills(self.sources)
         if dest.backlog:
             dest.produce_backlog()
-        clock = self._clock()
-        if clock is not None and now >= self.next_expire:  # (a pass over every partition)
-            self._expire(clock)
-            self.next_expire = now + EXPIRE_SECONDS
-        if checkpoint_due and not dest.backlog:
+        if self._checkpoint_due(now) and not dest.backlog:
             self._checkpoint(now)
         return True
 
-    def _finish(self) -> bool:
+    def _expire_waiting(self, now: float) -> None:
+        """The timer (every EXPIRE_SECONDS): the waiting runs and claims looked at, at the
+        reader's clock once every unpacker's marks give it. Not while no input is taken (a
+        checkpoint's flush, the destination behind: time stands still) nor once finishing (a
+        stop looks at them in `finish`, without a journal)."""
+        clock = self._clock()
+        if clock is None or self.finish_by is not None or self.recovery.flushing is not None \
+                or self._held_back(now):
+            return
+        self._expire(clock)  # (a pass over every partition)
+
+    def finish(self, now):
         """Stopping and nothing more is coming: write what can be written (what waits for its
         destination topic or its recovery too), wait for the destination to acknowledge it, a
-        step at a time, up to its drain_budget() (diode.runtime.worker), then record
-        the last checkpoint; False once done. Without a journal, what waits for a predecessor is
-        written now and the gaps before it reported (nothing would replay it)."""
-        now = time.monotonic()
-        if self.finish_by is None:
-            self.finish_by = now + self.drain_budget()
+        turn at a time, until `finish_by` (its drain_budget(), diode.runtime.worker), then record
+        the last checkpoint; False once done. Each turn's before_input still takes the
+        Preparer's answers and produces the events. Without a journal, what waits for a
+        predecessor is written now and the gaps before it reported (nothing would replay it)."""
         if not self.durable:
             self._expire(float("inf"))
         dest = self.dest
@@ -222,53 +242,51 @@ class Stage(BaseStage):
             self._checkpoint(now)  # (everything acknowledged: saved at once)
         return False
 
-    def _take_input(self) -> None:
-        """Offer what the unpackers sent (a messages.Batch each) to the partitions' states: a
-        run goes Run.decode (_decode) -> _offer -> PartitionState.offer (order, duplicates,
-        gaps: diode.accounting.ordering) -> the backlog (_queue) -> Destination.produce_backlog;
-        a run or claim of a partition whose destination is not read yet waits in the recovery
-        (Recovery.recover); a claim goes to _claim, a beat to the link watch (writer 0), the side
-        messages to _heard and the source view (digests, metadata, the source's look); a
-        trusted mark moves the reader's clock (_clock)."""
+    def _batch(self, batch: Batch, frames) -> None:
+        """Offer what an unpacker sent (a messages.Batch, handed over by the loop) to the
+        partitions' states: a run goes Run.decode (_decode) -> _offer -> PartitionState.offer
+        (order, duplicates, gaps: diode.accounting.ordering) -> the backlog (_queue) ->
+        Destination.produce_backlog; a run or claim of a partition whose destination is not
+        read yet waits in the recovery (Recovery.recover); a claim goes to _claim, a beat to the
+        link watch (writer 0), the side messages to _heard and the source view (digests,
+        metadata, the source's look); a trusted mark moves the reader's clock (_clock)."""
         recovery = self.recovery
-        for frames in transport.drain(self.input, INPUT_MESSAGES):
-            batch = Batch.decode(frames[0])
-            index = batch.unpacker
-            for started in batch.notices:
-                self.replay_request.noticed(started, index)
-            for claim in batch.claims:
-                held = (claim.topic, claim.partition, claim.incarnation)
-                if held in recovery.recovered or recovery.recover(*held):
-                    self._claim(claim)
-                else:
-                    recovery.unrecovered[claim.topic].append(claim)
-            for frame, origin in zip(transport.split(batch.lengths, frames[1]), batch.origins):
-                run = self._decode(frame)
-                if run is None:
-                    continue
-                run.origin = origin
-                if (run.topic, run.partition, run.incarnation) in recovery.recovered or \
-                        recovery.recover(run.topic, run.partition, run.incarnation):
-                    self._offer(run)
-                else:  # the destination cannot be read yet: the run waits (and counts)
-                    recovery.unrecovered[run.topic].append(run)
-                    self.dest.backlog_records += len(run)
-            for beat in batch.beats:
-                self.link.beat(beat)
-            for side in batch.sources:
-                if type(side) is Heard:
-                    self._heard(side.reader, side.time_ms)
-                elif type(side) is DigestBatch:
-                    self.view.digests(side.batch)
-                elif type(side) is MetadataLook:
-                    self.view.metadata(side.meta)
-                else:
-                    self.view.source(side.state)
-            mark = batch.mark
-            if mark is not None and self.replay_request.trusts(index):
-                m = self.marks[index]
-                self.marks[index] = mark if m is None else Mark(max(m.position, mark.position),
-                                                            max(m.seen, mark.seen))
+        index = batch.unpacker
+        for started in batch.notices:
+            self.replay_request.noticed(started, index)
+        for claim in batch.claims:
+            held = (claim.topic, claim.partition, claim.incarnation)
+            if held in recovery.recovered or recovery.recover(*held):
+                self._claim(claim)
+            else:
+                recovery.unrecovered[claim.topic].append(claim)
+        for frame, origin in zip(transport.split(batch.lengths, frames[1]), batch.origins):
+            run = self._decode(frame)
+            if run is None:
+                continue
+            run.origin = origin
+            if (run.topic, run.partition, run.incarnation) in recovery.recovered or \
+                    recovery.recover(run.topic, run.partition, run.incarnation):
+                self._offer(run)
+            else:  # the destination cannot be read yet: the run waits (and counts)
+                recovery.unrecovered[run.topic].append(run)
+                self.dest.backlog_records += len(run)
+        for beat in batch.beats:
+            self.link.beat(beat)
+        for side in batch.sources:
+            if type(side) is Heard:
+                self._heard(side.reader, side.time_ms)
+            elif type(side) is DigestBatch:
+                self.view.digests(side.batch)
+            elif type(side) is MetadataLook:
+                self.view.metadata(side.meta)
+            else:
+                self.view.source(side.state)
+        mark = batch.mark
+        if mark is not None and self.replay_request.trusts(index):
+            m = self.marks[index]
+            self.marks[index] = mark if m is None else Mark(max(m.position, mark.position),
+                                                        max(m.seen, mark.seen))
 
     def _offer(self, run: Run) -> None:
         source = self.sources.get((run.topic, run.partition))
