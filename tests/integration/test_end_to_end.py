@@ -281,6 +281,7 @@ def test_sigterm_drains_and_leaves_no_process_behind(tmp_path, launch, broker_ki
     gone, alive = psutil.wait_procs(everything, timeout=5)
     assert alive == []
     assert "draining" in d.output()
+    assert "did not drain" not in d.output()  # every worker finished its drain, none was killed
 
 
 @only_on("tansu")  # (the supervisor's doing: no broker takes part)
