@@ -342,8 +342,8 @@ class Stage:
         return self.t.supervisor.drain_timeout_seconds * self.DRAIN_SHARE
 
     def drained(self, idle: bool) -> bool:
-        """Call once per step with whether the input was idle: True when the stage is stopping
-        and its input has been quiet for QUIET_SECONDS."""
+        """The loop's question at each turn (`step`), given whether the input was quiet and the
+        stage idle: True when the stage is stopping and that has held for QUIET_SECONDS."""
         if not idle or not self.stopping:
             self._quiet_since = None
             return False
