@@ -47,6 +47,7 @@ import select
 import socket
 import time
 from collections import deque
+from typing import NamedTuple
 
 from diode.runtime import checkpoints, replays, transport
 from diode.runtime.messages import Data, Mark, Notice
@@ -103,6 +104,13 @@ def open_journal(t) -> Journal | None:
     except JournalError as exc:
         raise JournalError(f"receiver.journal.dir: {exc}") from None
     return journal
+
+
+class Read(NamedTuple):
+    """Datagrams from journal `position` on were read at `clock` (the reader's clock, which
+    the marks carry to the writers)."""
+    position: int
+    clock: float
 
 
 class Stage(BaseStage):
@@ -170,7 +178,7 @@ class Stage(BaseStage):
         self.dir = self.t.resolve(self.t.receiver.journal_dir)
         self.end = self.journal.end if self.journal else 0   # next position
         self.cursor = self.end            # next position to forward
-        self.times: deque = deque()       # (position, clock) of datagrams read, not forwarded
+        self.times: deque = deque()       # Read: when datagrams waiting in the journal came
         self.reading = None               # journal reader while forwarding from the journal
         self.replay_end = 0               # positions below it are forwarded as replayed
         self.replay_started = 0.0
@@ -320,9 +328,9 @@ class Stage(BaseStage):
 
     def _remember(self, position: int, now: float) -> None:
         """When datagrams from `position` on were read (they wait in the journal)."""
-        if not self.times or now - self.times[-1][1] > MARK_SECONDS:
+        if not self.times or now - self.times[-1].clock > MARK_SECONDS:
             if len(self.times) < TIMES_MAX:
-                self.times.append((position, now))
+                self.times.append(Read(position, now))
 
     def _forward(self, items: list, replayed: bool, seen: float) -> None:
         """Datagrams (position, routing key, bytes) to their unpackers, in one message each."""
@@ -373,9 +381,9 @@ class Stage(BaseStage):
             if replayed:
                 self._forward(replayed, True, self.replay_started)
             if fresh:
-                while len(self.times) > 1 and self.times[1][0] <= fresh[-1][0]:
+                while len(self.times) > 1 and self.times[1].position <= fresh[-1][0]:
                     self.times.popleft()
-                seen = self.times[0][1] if self.times else time.monotonic()
+                seen = self.times[0].clock if self.times else time.monotonic()
                 self._forward(fresh, False, seen)
         if self.reading is None:
             self.cursor = max(self.cursor, self.reading_end)
@@ -394,9 +402,9 @@ class Stage(BaseStage):
         if self.cursor < self.replay_end:
             return False
         if self.cursor < self.end:
-            while len(self.times) > 1 and self.times[1][0] <= self.cursor:
+            while len(self.times) > 1 and self.times[1].position <= self.cursor:
                 self.times.popleft()
-            seen = self.times[0][1] if self.times else now
+            seen = self.times[0].clock if self.times else now
         else:
             self.times.clear()
             seen = now

@@ -15,6 +15,7 @@ records it carried.
 import socket
 import time
 from collections import deque
+from itertools import islice
 
 import zmq
 
@@ -44,7 +45,7 @@ class Stage(BaseStage):
         refused = offload.gso_refused(family) if link.gso_enabled else "link.gso.enabled false"
         self._gso(not refused, refused if link.gso_enabled else "")
         self.pending_acks: dict[int, list] = {}
-        self.backlog = deque()  # (datagram, acks) taken from a packer, not yet sent
+        self.backlog = deque()  # (datagram, what it carries) from a packer, not yet sent
         self.listen(self.input, self._datagrams, Datagrams.decode)
 
     # -- the runtime's loop (diode.runtime.worker.Stage.step) ---------------------------------
@@ -76,8 +77,7 @@ class Stage(BaseStage):
 
     def _send_backlog(self):
         while self.backlog:
-            head = [self.backlog[i][0] for i in range(min(len(self.backlog),
-                                                          offload.MAX_SEGMENTS))]
+            head = [datagram for datagram, _ in islice(self.backlog, offload.MAX_SEGMENTS)]
             end, size = offload.batches(head)[0][1:] if self.gso else (1, len(head[0]))
             group = head[:end]
             wire_bytes = sum(map(len, group)) + IP_UDP_OVERHEAD * len(group)
@@ -99,7 +99,8 @@ class Stage(BaseStage):
                 break
             sent = 0
             for _ in group:
-                for reader, msg_id, n in self.backlog.popleft()[1]:
+                _, carried = self.backlog.popleft()
+                for reader, msg_id, n in carried:
                     self.pending_acks.setdefault(reader, []).append((msg_id, n))
                     sent += n
             self.metrics.inc("records", sent)

@@ -36,6 +36,7 @@ import struct
 import threading
 import time
 import zlib
+from dataclasses import dataclass
 
 from diode.errors import DiodeError
 
@@ -114,6 +115,14 @@ def records(f, offset: int, limit: int, origin: int = 0, chunk: int = READ_CHUNK
         buf, base, pos = buf[pos:] + more, base + pos, 0
 
 
+@dataclass(slots=True)
+class Segment:
+    """One segment file of the journal: the position of its first record (its name) and its
+    size in bytes (it grows while it is the current one)."""
+    start: int
+    size: int
+
+
 class Journal:
     """An append-only, segmented journal of datagrams; see the module docstring.
 
@@ -133,7 +142,7 @@ class Journal:
         self.fsync_interval = fsync_interval
         self.start = 0
         self.end = 0
-        self._segments: list[list[int]] = []   # [start, size], oldest first; last is current
+        self._segments: list[Segment] = []     # oldest first; the last is the current one
         self._fd: int | None = None            # current segment, O_APPEND
         self._dir_fd: int | None = None        # locked while open; fsynced after a new segment
         self._unsynced: list[int] = []         # fds of rolled segments awaiting their fsync
@@ -199,20 +208,20 @@ class Journal:
         self._broken, self._dirty, self._dir_dirty = None, False, False
         starts = sorted(int(m.group(1)) for m in map(SEGMENT_NAME.match,
                                                      os.listdir(self.directory)) if m)
-        self._segments = [[s, os.stat(self._path(s)).st_size] for s in starts]
+        self._segments = [Segment(s, os.stat(self._path(s)).st_size) for s in starts]
         if not self._segments:
             self._create(0)
         else:
             last = self._segments[-1]
             self._cut_torn_tail(last)
-            self._fd = os.open(self._path(last[0]),
+            self._fd = os.open(self._path(last.start),
                                os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        self.start = self._segments[0][0]
-        self.end = self._segments[-1][0] + self._segments[-1][1]
+        self.start = self._segments[0].start
+        self.end = self._segments[-1].start + self._segments[-1].size
 
-    def _cut_torn_tail(self, segment: list[int]) -> None:
+    def _cut_torn_tail(self, segment: Segment) -> None:
         """Scan the last segment and truncate it after its last intact record."""
-        start, size = segment
+        start, size = segment.start, segment.size
         path = self._path(start)
         with open(path, "rb") as f:
             scan = records(f, 0, size)
@@ -227,7 +236,7 @@ class Journal:
                         "(a write interrupted by a crash or power loss); the datagrams in them "
                         "are lost and the loss accounting will report them missing",
                         path, size - intact, start + intact)
-            segment[1] = intact
+            segment.size = intact
 
     def _create(self, start: int) -> None:
         """Start a new segment at `start` and make it the current one."""
@@ -239,7 +248,7 @@ class Journal:
             else:
                 os.close(self._fd)
         self._fd = fd
-        self._segments.append([start, 0])
+        self._segments.append(Segment(start, 0))
         self._dir_dirty = True
 
     # -- the hot path -------------------------------------------------------------------------
@@ -274,19 +283,19 @@ class Journal:
                 f"journal's max bytes")
         with self._lock:
             current = self._segments[-1]
-            if current[1] >= self.segment_bytes:
+            if current.size >= self.segment_bytes:
                 try:
                     self._create(begin)
                 except OSError as exc:
                     raise self._fail(f"create segment {self._path(begin)}", exc) from exc
                 current = self._segments[-1]
             self._write(b"".join(parts), current)
-            current[1] += total
+            current.size += total
             self.end = pos
             self._dirty = True
         return positions
 
-    def _write(self, buf: bytes, current: list[int]) -> None:
+    def _write(self, buf: bytes, current: Segment) -> None:
         """write(2) all of `buf`; on failure cut the segment back to where it was and raise."""
         view, done = memoryview(buf), 0
         try:
@@ -296,9 +305,9 @@ class Journal:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 done += written
         except OSError as exc:
-            error = self._fail(f"write {self._path(current[0])}", exc)
+            error = self._fail(f"write {self._path(current.start)}", exc)
             try:
-                os.ftruncate(self._fd, current[1])
+                os.ftruncate(self._fd, current.size)
             except OSError as cut:
                 # The segment may now end in a partial batch that later records would follow:
                 # refuse to append; a restart's open() cuts it as a torn tail.
@@ -386,7 +395,7 @@ class Journal:
         position), never the current one. Returns the bytes freed; `start` moves up."""
         freed = 0
         while len(self._segments) > 1:
-            start, size = self._segments[0]
+            start, size = self._segments[0].start, self._segments[0].size
             if start + size > low_water:
                 break
             try:
@@ -397,7 +406,7 @@ class Journal:
                 raise self._fail(f"delete released segment {self._path(start)}", exc) from exc
             self._segments.pop(0)
             freed += size
-        self.start = self._segments[0][0] if self._segments else self.start
+        self.start = self._segments[0].start if self._segments else self.start
         return freed
 
     def read(self, position: int):
@@ -415,7 +424,7 @@ class Journal:
             log.warning("journal %s: position %d was already released; reading from %d, the "
                         "datagrams in between are lost", self.directory, position, self.start)
             position = self.start
-        starts = [s for s, _ in self._segments]
+        starts = [s.start for s in self._segments]
         first = max(bisect.bisect_right(starts, position) - 1, 0)
         return self._read(position, stop, starts[first:])
 
