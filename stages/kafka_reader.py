@@ -139,13 +139,14 @@ class Stage(BaseStage):
         """Start reading the partitions the watcher found (it asks the cluster off this loop,
         every refresh.topics.interval.seconds)."""
         start = OFFSET_BEGINNING if self.t.sender.start_position == "earliest" else OFFSET_END
-        tps = []
+        tps, looked = [], False
         for found in self.watcher.take():
             if found.error is not None:
                 self.log.warning("cannot read the source cluster's topics or committed offsets "
                                  "(%s); retrying", found.error)
                 self.metrics.inc("errors", reason="metadata")
                 continue
+            looked = True
             if found.counts:
                 self.counts = found.counts
             self.lineage.cluster = found.cluster
@@ -182,6 +183,11 @@ class Stage(BaseStage):
                     anew.append(TopicPartition(tp.topic, tp.partition, 0, metadata=(
                         identity.metadata(found.incarnations[tp.topic]))))
             self._commit_start(anew)
+        if looked:
+            # What a look taught (an end, a recreation) is recorded at once, not at the next
+            # heartbeat: a reader killed meanwhile (on Tansu, librdkafka kills it as its topic
+            # is deleted) restarts from it, and claims the old incarnation's end it had seen.
+            self._memorize()
         if not tps:
             return
         self.consumer.incremental_assign(tps)

@@ -13,12 +13,14 @@ incarnation (diode.kafka.identity) and each partition's end. A Lineage keeps, pe
   Tansu, librdkafka crashes when a topic it reads is deleted) starts from the committed offsets
   and would not know the incarnation it was reading: a recreation meanwhile would leave the old
   one's end unreported, and on a broker that keeps no commit metadata the old positions,
-  committed by name under the new topic, would be taken for the new one's. So each heartbeat
-  the reader records what it knows in `<run dir>/state/`, and a restarted reader starts from it
-  as if it had never stopped: the partitions it read count as departed until the watcher finds
-  their topics as they were (then they are simply read again) or recreated. The file names the
-  topology and the reader count; one of another is not used. A whole sender restarted with a
-  new run directory starts without it (docs/reference.md, "Source identity", says what that leaves unknown).
+  committed by name under the new topic, would be taken for the new one's. So at each heartbeat
+  and after each look of the watcher (the ends it found are known at once, not a heartbeat
+  later) the reader records what it knows in `<run dir>/state/`, and a restarted reader starts
+  from it as if it had never stopped: the partitions it read count as departed until the
+  watcher finds their topics as they were (then they are simply read again) or recreated. The
+  file names the topology and the reader count; one of another is not used. A whole sender
+  restarted with a new run directory starts without it (docs/reference.md, "Source identity",
+  says what that leaves unknown).
 """
 
 import logging

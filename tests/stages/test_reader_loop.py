@@ -1,6 +1,7 @@
 """A kafka_reader and a kafka_resender driven turn by turn (diode.runtime.worker.Stage.step)
 against a real source broker, their packer and acknowledgements played by the test: the order
-of what a reader hands on at its start and at its stop, and a resend that ends by itself."""
+of what a reader hands on at its start and at its stop, what a reader killed as its topic is
+recreated tells after its restart, and a resend that ends by itself."""
 
 import socket
 import tempfile
@@ -10,13 +11,14 @@ import pytest
 import zmq
 from confluent_kafka import Consumer, TopicPartition
 
+from diode.kafka import identity
 from diode.runtime import messages, transport
 from diode.runtime.metrics import Metrics
 from diode.runtime.topology import from_dict
 from diode.runtime.wiring import WorkerSpec
 from diode.runtime.worker import Secrets, StageContext
 from stages import kafka_reader, kafka_resender
-from tests.conftest import create_topic, free_port, only_on, produce
+from tests.conftest import create_topic, free_port, only_on, produce, recreate, topic_id
 from tests.stages.test_stages import MASTER, sink
 
 pytestmark = pytest.mark.integration  # (a broker is started)
@@ -24,13 +26,13 @@ pytestmark = pytest.mark.integration  # (a broker is started)
 RECORDS = 50
 
 
-def reader_topology(bootstrap: str):
+def reader_topology(bootstrap: str, **sender):
     return from_dict({
         "link": {"port": free_port(socket.SOCK_DGRAM), "bind.address": "127.0.0.1"},
         "security": {"password.env": "X", "salt": "salt"},
         # (heartbeats often enough that one would fall due while the reader stops)
         "sender": {"kafka": {"bootstrap.servers": bootstrap}, "topics": ["t"],
-                   "heartbeat.interval.ms": 50},
+                   "heartbeat.interval.ms": 50, **sender},
         "receiver": {"kafka": {"bootstrap.servers": "x:1"},
                      "journal.dir": tempfile.mkdtemp(prefix="diode-test-journal-")},
     })
@@ -116,3 +118,55 @@ def test_a_reader_beats_before_its_first_record_and_after_its_last_and_a_resend_
     [digests] = [m.batch for m in handed if type(m) is messages.DigestBatch]
     assert digests["resend"] and [d[:2] + d[3:6] for d in digests["partitions"]] == \
         [("t", 0, 10, 19, 10)]
+
+
+@only_on("tansu")  # (what the reader remembers is its own doing, not the broker's)
+def test_a_reader_killed_as_its_topic_is_recreated_claims_the_old_end_it_had_seen(
+        zctx, start_brokers, broker_kind, tmp_path, monkeypatch):
+    """A reader killed once it has seen its partition's end (on Tansu, librdkafka kills it as
+    the topic is deleted) and started again after the topic was recreated: its heartbeats'
+    retired claim names the end of the old incarnation it had seen, so the receiver reports
+    what never crossed of it as source-reset. It had recorded what it knew only at its
+    heartbeats: killed between a look and its next heartbeat, it claimed an end it had not
+    seen yet, and the records past it were lost without a report."""
+    monkeypatch.chdir(tmp_path)  # (a reader's lineage memory: <run dir>/state, here inproc/)
+    [src] = start_brokers(broker_kind, "source")
+    create_topic(src.bootstrap, "t", 1)
+    old = topic_id(src.bootstrap, "t")
+    produce(src.bootstrap, "t", [{"value": b"old%d" % i} for i in range(RECORDS)])
+    looks = {"identity.check.interval.ms": 50, "source.state.interval.ms": 50}
+    # Its first heartbeat goes before it has looked at anything; the next not before the kill.
+    t = reader_topology(src.bootstrap, **looks, **{"heartbeat.interval.ms": 600_000})
+    out = sink(zctx, "sender", "packer")
+    r = open_reader(zctx, t, kafka_reader.Stage)
+    acks = transport.push(zctx, ["inproc://sender-kafka_reader-0.acks"], 1000)
+
+    def saw_the_end(handed):  # (what it sends across of its look at the source)
+        return any(type(m) is messages.SourceLook and m.state["partitions"] and
+                   m.state["partitions"][0][4] == RECORDS for m in handed)
+    try:
+        turns(r, out, acks, saw_the_end)
+    finally:
+        r.close()  # killed: no stop, no heartbeat after the first
+    recreate(src.bootstrap, "t", 1)
+    produce(src.bootstrap, "t", [{"value": b"new%d" % i} for i in range(10)])
+
+    zctx2 = zmq.Context()
+    try:
+        out = sink(zctx2, "sender", "packer")
+        again = open_reader(zctx2, reader_topology(src.bootstrap, **looks), kafka_reader.Stage)
+        acks = transport.push(zctx2, ["inproc://sender-kafka_reader-0.acks"], 1000)
+
+        def beat_after_the_new_records(handed):
+            kinds = [type(m) for m in handed]
+            return records(handed) == 10 and messages.Heartbeat in kinds[
+                max(i for i, k in enumerate(kinds) if k is messages.Runs):]
+        try:
+            handed, _ = turns(again, out, acks, beat_after_the_new_records)
+        finally:
+            again.close()
+    finally:
+        zctx2.destroy(linger=0)
+    retired = {(p[0], p[1], identity.text(p[2]), p[5]) for m in handed
+               if type(m) is messages.Heartbeat for p in m.beat["partitions"] if p[6]}
+    assert retired == {("t", 0, old, RECORDS - 1)}, retired
