@@ -1,6 +1,7 @@
 """A kafka_reader and a kafka_resender driven turn by turn (diode.runtime.worker.Stage.step)
 against a real source broker, their packer and acknowledgements played by the test: the order
-of what a reader hands on at its start and at its stop, and a resend that ends by itself."""
+of what a reader hands on at its start and at its stop, and a resend that ends by itself; what
+its heartbeats claim with sender.heartbeat.claims.max (diode.kafka.claims)."""
 
 import socket
 import tempfile
@@ -24,13 +25,13 @@ pytestmark = pytest.mark.integration  # (a broker is started)
 RECORDS = 50
 
 
-def reader_topology(bootstrap: str):
+def reader_topology(bootstrap: str, **sender):
     return from_dict({
         "link": {"port": free_port(socket.SOCK_DGRAM), "bind.address": "127.0.0.1"},
         "security": {"password.env": "X", "salt": "salt"},
         # (heartbeats often enough that one would fall due while the reader stops)
         "sender": {"kafka": {"bootstrap.servers": bootstrap}, "topics": ["t"],
-                   "heartbeat.interval.ms": 50},
+                   "heartbeat.interval.ms": 50, **sender},
         "receiver": {"kafka": {"bootstrap.servers": "x:1"},
                      "journal.dir": tempfile.mkdtemp(prefix="diode-test-journal-")},
     })
@@ -116,3 +117,55 @@ def test_a_reader_beats_before_its_first_record_and_after_its_last_and_a_resend_
     [digests] = [m.batch for m in handed if type(m) is messages.DigestBatch]
     assert digests["resend"] and [d[:2] + d[3:6] for d in digests["partitions"]] == \
         [("t", 0, 10, 19, 10)]
+
+
+def claimed(beat) -> dict:
+    """partition -> the last offset sent, of what a heartbeat claims."""
+    return {p[1]: p[4] for p in beat["partitions"]}
+
+
+@only_on("tansu")  # (the reader's claims, not the broker)
+def test_heartbeats_claim_what_changed_at_once_the_rest_in_turn_and_all_when_stopping(
+        zctx, start_brokers, broker_kind, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    partitions, most = 6, 1
+    k = partitions // most  # (each partition claimed at least every K heartbeats)
+    [src] = start_brokers(broker_kind, "source")
+    create_topic(src.bootstrap, "t", partitions)
+    produce(src.bootstrap, "t", [{"value": b"r%d" % i, "partition": i % partitions}
+                                 for i in range(RECORDS)])
+    t = reader_topology(src.bootstrap, topics=["t"], **{"heartbeat.claims.max": most})
+    out = sink(zctx, "sender", "packer")
+    r = open_reader(zctx, t, kafka_reader.Stage)
+    acks = transport.push(zctx, ["inproc://sender-kafka_reader-0.acks"], 1000)
+
+    def beats(handed):
+        return [m.beat for m in handed if type(m) is messages.Heartbeat]
+    try:
+        turns(r, out, acks, lambda h: records(h) == RECORDS)
+        # idle: every heartbeat names at most `most` partitions, and any K in a row all of them
+        idle, _ = turns(r, out, acks, lambda h: len(beats(h)) >= 3 * k + 2)
+        idle = [claimed(b) for b in beats(idle)][2:]  # (the first may still name what was sent)
+        assert all(len(c) <= most for c in idle), idle
+        last = {p: RECORDS // partitions - 1 + (p < RECORDS % partitions) for p in
+                range(partitions)}
+        for i in range(len(idle) - k + 1):
+            window = {}
+            for c in idle[i:i + k]:
+                window.update(c)
+            assert window == last, (i, idle)
+        # new records of a partition just claimed: named in the next heartbeats, not K later
+        p = next(iter(idle[-1]))
+        produce(src.bootstrap, "t", [{"value": b"late", "partition": p}])
+        sent, _ = turns(r, out, acks, lambda h: records(h) == 1)
+        after, _ = turns(r, out, acks, lambda h: len(beats(h)) >= 2)
+        next_two = beats(after)[:2]  # (the first may come before the acknowledgement is taken)
+        assert any(claimed(b).get(p) == last[p] + 1 for b in next_two), (p, next_two)
+        last[p] += 1
+        r.stop()
+        stopping, going = turns(r, out, acks, lambda h: False)
+    finally:
+        r.close()
+    assert not going
+    stopped = beats(stopping)
+    assert stopped and all(b["stopping"] and claimed(b) == last for b in stopped), stopped
