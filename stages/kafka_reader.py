@@ -18,11 +18,16 @@ again: at least once.
 Every run names the incarnation of its source partition (diode.kafka.identity: the topic id,
 which the watcher checks every identity.check.interval.ms), and so do the commits (their
 metadata). A topic whose id changes was deleted and recreated, or its cluster rebuilt: the
-reader stops reading the old incarnation, tells the receiver in every heartbeat for a day where
+reader stops reading the old incarnation, tells the receiver in its heartbeats for a day where
 the old one's chains stood and where its source ended (a retired claim, so the receiver reports
 what never crossed as "source-reset"), and reads the new one from its first record. A partition
 whose position the source no longer holds (retention deleted records before they were read, or
 the log was truncated) is looked at the same way, then read from its start in a new chain.
+
+A heartbeat claims every partition of the current chains, or with sender.heartbeat.claims.max
+those whose claim changed and a bounded slice of the rest, in turn (diode.kafka.claims); what
+a restart needs to know is recorded at a heartbeat when it changed, and after a look of the
+watcher that changed it (diode.kafka.lineage).
 
 `diode resend` runs stages.kafka_resender in this stage's place: this reader, reading a
 manifest's ranges outside any chain, committing nothing, and finishing when they are sent.
@@ -43,6 +48,7 @@ from diode.link import runs
 from diode.runtime import transport
 from diode.runtime.messages import Acks, DigestBatch, Heartbeat, MetadataLook, Runs, SourceLook
 from diode.kafka import identity, lineage
+from diode.kafka.claims import ClaimSlices
 from diode.kafka.clients import consumer_config, replicated
 from diode.kafka.metadata import MetadataWatcher, Sent
 from diode.kafka.refresh import PartitionWatcher
@@ -89,6 +95,9 @@ class Stage(BaseStage):
         # The incarnations of the sources read (diode.kafka.lineage), and what a reader before
         # this restart knew of them.
         self.lineage = lineage.Lineage()
+        # what each heartbeat claims: what changed, a slice of the rest (diode.kafka.claims)
+        self.claims = ClaimSlices(s.heartbeat_claims_max)
+        self.remember_due = True  # what a restart needs to know changed (_memorize)
         self.out_of_range: dict = {}      # (topic, partition) whose position the source lost
         #                                   -> when that was seen
         self.epoch = int.from_bytes(os.urandom(3), "big") << 32
@@ -149,7 +158,8 @@ class Stage(BaseStage):
             looked = True
             if found.counts:
                 self.counts = found.counts
-            self.lineage.cluster = found.cluster
+            if found.cluster != self.lineage.cluster:
+                self.lineage.cluster, self.lineage.changed = found.cluster, True
             for topic in found.gone:
                 self._gone(topic)
             for topic, (old, new) in found.resets.items():
@@ -183,13 +193,14 @@ class Stage(BaseStage):
                     anew.append(TopicPartition(tp.topic, tp.partition, 0, metadata=(
                         identity.metadata(found.incarnations[tp.topic]))))
             self._commit_start(anew)
-        if looked:
+        if looked and (self.lineage.changed or self.remember_due):
             # What a look taught (an end, a recreation) is recorded at once, not at the next
             # heartbeat: a reader killed meanwhile (on Tansu, librdkafka kills it as its topic
             # is deleted) restarts from it, and claims the old incarnation's end it had seen.
             self._memorize()
         if not tps:
             return
+        self.remember_due = True
         self.consumer.incremental_assign(tps)
         self.log.info("reading %d new partition(s): %s", len(tps),
                       ", ".join(f"{t.topic}[{t.partition}]@{_where(t.offset)}" for t in tps))
@@ -226,6 +237,7 @@ class Stage(BaseStage):
             except KafkaException as exc:
                 self.log.warning("could not stop reading %s: %s", topic, exc)
         positions = self.tracker.positions()
+        self.remember_due = True
         for tp in tps:
             if self.digester is not None:
                 self.digester.forget(tp)
@@ -257,6 +269,7 @@ class Stage(BaseStage):
             self.chain_start.pop(tp, None)
             self.last_read.pop(tp, None)
             self.assigned[tp] = OFFSET_BEGINNING
+            self.remember_due = True
             try:
                 self.consumer.incremental_unassign([TopicPartition(*tp)])
                 self.consumer.incremental_assign([TopicPartition(*tp, OFFSET_BEGINNING)])
@@ -306,7 +319,10 @@ class Stage(BaseStage):
         return saved["topics"]
 
     def _memorize(self) -> None:
-        """Record what a restart of this reader needs to know (diode.kafka.lineage)."""
+        """Record what a restart of this reader needs to know (diode.kafka.lineage): at a
+        heartbeat, when it changed (records read or sent, partitions assigned or not, the
+        lineage's ends and claims)."""
+        self.remember_due = self.lineage.changed = False
         positions = self.tracker.positions()
         reading = [[t, p, self.chain_start.get((t, p)), self.last_read.get((t, p)),
                     self._sent((t, p), positions), at] for (t, p), at in self.assigned.items()]
@@ -323,6 +339,7 @@ class Stage(BaseStage):
         lost = self.tracker.inflight
         self.tracker.reset()
         self.lineage.lost_inflight()
+        self.remember_due = True
         self.chain_start.clear()
         self.last_read.clear()
         if self.digester is not None:
@@ -436,6 +453,7 @@ class Stage(BaseStage):
         the offset before them in the chain (-1: they start one)."""
         prev = self.last_read.get(tp, -1)
         self.last_read[tp] = last
+        self.remember_due = True
         self.chain_start.setdefault(tp, first)
         return prev
 
@@ -514,18 +532,22 @@ class Stage(BaseStage):
         self.metrics.inc("digests", len(batch["partitions"]))
 
     def _heartbeat(self, stopping: bool = False) -> bool:
-        """Per partition of the current chains: its incarnation, where the chain started, the
-        last offset handed to the kernel (the committed prefix) and the last the source held
-        when last looked at; then the retired claims of incarnations gone this last day. The
-        packer that takes it sends it after whatever it holds. `stopping`: the reader is
-        stopping cleanly (sent after its last records). True when it was handed on."""
+        """Claims (diode.kafka.claims): per partition of the current chains, its incarnation,
+        where the chain started, the last offset handed to the kernel (the committed prefix)
+        and the last the source held when last looked at; then the retired claims of
+        incarnations gone this last day. Those that changed since last claimed, and a slice of
+        the others in turn; all of them when `stopping` (the reader is stopping cleanly: sent
+        after its last records). The packer that takes it sends it after whatever it holds.
+        True when it was handed on."""
         positions = self.tracker.positions()
-        ends = self.lineage.ends
-        parts = [[t, p, self.lineage.incarnation(t), start, positions[(t, p)] - 1,
-                  ends.get((t, p), 0) - 1, False]
-                 for (t, p), start in self.chain_start.items()
-                 if positions.get((t, p), start) - 1 >= start]
-        parts += self.lineage.claims(self.tracker.sent)
+        ends, incarnations = self.lineage.ends, self.lineage.incarnations
+        none = identity.NO_INCARNATION
+        claims = [(t, p, incarnations.get(t, none), start, positions[(t, p)] - 1,
+                   ends.get((t, p), 0) - 1, False)
+                  for (t, p), start in self.chain_start.items()
+                  if positions.get((t, p), start) - 1 >= start]
+        claims += self.lineage.claims(self.tracker.sent)
+        parts = self.claims.choose(claims, whole=stopping)
         beat = {"reader": self.ctx.spec.index, "time_ms": int(time.time() * 1000),
                 "interval_ms": self.t.sender.heartbeat_interval_ms, "partitions": parts,
                 "cluster": self.lineage.cluster,
@@ -537,9 +559,11 @@ class Stage(BaseStage):
         if sent:
             self.out.put([Heartbeat(beat).encode()])
             self.metrics.inc("heartbeats")
+            self.claims.carried_now(parts)
         if self.digester is not None:
             self._send_digests(time.monotonic())
-        self._memorize()
+        if self.remember_due or self.lineage.changed or self.claims.changed or stopping:
+            self._memorize()
         return sent
 
     def _take_acks(self):
@@ -549,6 +573,7 @@ class Stage(BaseStage):
                 self.tracker.acknowledged(msg_id, count)
                 progressed = True
         if progressed:
+            self.remember_due = True
             self.waiting_since = time.monotonic() if self.tracker.inflight else None
         self.metrics.set("inflight_records", self.tracker.inflight)
 

@@ -5,22 +5,23 @@ incarnation (diode.kafka.identity) and each partition's end. A Lineage keeps, pe
 
 - the incarnation of every topic read, and each partition's end as last confirmed for it;
 - where partitions no longer read stood (`Departed`: their topic gone from the cluster, or
-  recreated): a recreation turns them into *retired claims*, which every heartbeat carries for
-  RETIRED_CLAIM_SECONDS so the receiver reports what of the old incarnation never crossed: where
-  its chain started, the last offset handed to the kernel (moved on while what was in flight
-  then is sent) and the last offset its source held;
+  recreated): a recreation turns them into *retired claims*, which the heartbeats carry
+  (diode.kafka.claims) for RETIRED_CLAIM_SECONDS so the receiver reports what of the old
+  incarnation never crossed: where its chain started, the last offset handed to the kernel
+  (moved on while what was in flight then is sent) and the last offset its source held;
 - its memory across its own restarts. A reader the supervisor restarts (a crash, a kill -9; on
   Tansu, librdkafka crashes when a topic it reads is deleted) starts from the committed offsets
   and would not know the incarnation it was reading: a recreation meanwhile would leave the old
   one's end unreported, and on a broker that keeps no commit metadata the old positions,
   committed by name under the new topic, would be taken for the new one's. So at each heartbeat
-  and after each look of the watcher (the ends it found are known at once, not a heartbeat
-  later) the reader records what it knows in `<run dir>/state/`, and a restarted reader starts
-  from it as if it had never stopped: the partitions it read count as departed until the
-  watcher finds their topics as they were (then they are simply read again) or recreated. The
-  file names the topology and the reader count; one of another is not used. A whole sender
-  restarted with a new run directory starts without it (docs/reference.md, "Source identity",
-  says what that leaves unknown).
+  after a change (`changed`: ends, departures, retired claims; the reader's own reads, sends
+  and assignments) and after a look of the watcher that changed it (the ends it found are known
+  at once, not a heartbeat later) the reader records what it knows in `<run dir>/state/`, and a restarted
+  reader starts from it as if it had never stopped: the partitions it read count as departed
+  until the watcher finds their topics as they were (then they are simply read again) or
+  recreated. The file names the topology and the reader count; one of another is not used. A
+  whole sender restarted with a new run directory starts without it (docs/reference.md, "Source
+  identity", says what that leaves unknown).
 """
 
 import logging
@@ -70,12 +71,14 @@ class Lineage:
         self.remembered: dict = {}     # topic -> incarnation a restarted reader had read
         self.recreated: set = set()    # topics found recreated: read from their first record
         self.fetched: tuple | None = None  # (when, {(topic, partition): end}) fetches saw
+        self.changed = False           # since its memory was last taken (the reader's to clear)
 
     def incarnation(self, topic: str) -> bytes:
         return self.incarnations.get(topic, identity.NO_INCARNATION)
 
     def depart(self, tp, start, read, sent: int, assigned: int, inflight) -> None:
         """Partition `tp` is no longer read (see Departed)."""
+        self.changed = True
         self.departed[tp] = Departed(start, read, sent, assigned, deque(inflight))
 
     def recreate(self, topic: str, old: bytes) -> int:
@@ -83,6 +86,7 @@ class Lineage:
         `old`, its ends are forgotten, and it is read from its first record. Returns how many
         claims."""
         tps = sorted(tp for tp in self.departed if tp[0] == topic)
+        self.changed = True
         for tp in tps:
             self._retire(tp, old, self.departed.pop(tp))
         for tp in [tp for tp in self.ends if tp[0] == topic]:
@@ -109,16 +113,23 @@ class Lineage:
         The ends kept are the larger of the listed end and what this reader's fetches saw
         before the look began (so, of the same incarnation): some brokers list the end short
         (Tansu: the start of the last batch + 1), a fetch's high watermark is not."""
+        if any(self.incarnations.get(t) != inc for t, inc in incarnations.items()):
+            self.changed = True
         self.incarnations.update(incarnations)
         for tp in [tp for tp in self.departed if tp[0] in incarnations]:
             del self.departed[tp]
-        for tp, end in ends.items():
-            self.ends[tp] = max(end, self.ends.get(tp, 0))
+            self.changed = True
+        self._end_at_least(ends)
         if self.fetched is not None and started > self.fetched[0]:
-            for tp, end in self.fetched[1].items():
-                if tp[0] in incarnations:
-                    self.ends[tp] = max(end, self.ends.get(tp, 0))
+            self._end_at_least({tp: end for tp, end in self.fetched[1].items()
+                                if tp[0] in incarnations})
             self.fetched = None
+
+    def _end_at_least(self, ends: dict) -> None:
+        for tp, end in ends.items():
+            if end > self.ends.get(tp, 0):
+                self.ends[tp] = end
+                self.changed = True
 
     def wants_fetched(self) -> bool:
         """Whether to take what this reader's fetches saw now (see `confirmed`)."""
@@ -134,9 +145,11 @@ class Lineage:
         now = time.monotonic()
         for key in [k for k, r in self.retired.items() if now - r.since > RETIRED_CLAIM_SECONDS]:
             del self.retired[key]
+            self.changed = True
         for r in self.retired.values():
             while r.inflight and sent(r.inflight[0][0]):
                 r.claim[4] = max(r.claim[4], r.inflight.popleft()[1])
+                self.changed = True
         return [r.claim for r in self.retired.values()]
 
     def lost_inflight(self) -> None:

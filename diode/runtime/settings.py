@@ -320,6 +320,20 @@ class SenderSettings:
         1000.0, "How often each reader sends a heartbeat: per partition, where its chain of "
         "offsets started and the last offset sent, plus its counters. The receiver finds tail "
         "loss and a silent link from them.", positive)
+    heartbeat_claims_max: int = setting(
+        0, "0: every heartbeat names every partition read. N: a heartbeat names every partition "
+        "whose claim changed since it was last named (records sent, a chain started, a topic "
+        "recreated) and at most N of the others, in turn, so that each is named at least every "
+        "K = ceil(partitions / N) heartbeats, and a heartbeat costs both sides what changed, "
+        "not every partition. A lost heartbeat then delays what it said by up to K heartbeats: "
+        "the loss of the last records of a partition that stays idle is reported within K "
+        "heartbeat intervals plus the receiver's wait (one interval plus the wait when the "
+        "heartbeat naming them arrives), and so is what a restarted receiver learns of a chain "
+        "that went on while it was down. The heartbeats of a clean stop name every partition. "
+        "Not yet for a receiver that may be started for the first time while the sender runs: "
+        "one that hears a heartbeat not naming an idle partition, then one naming it, takes its "
+        "chain for one it saw start and reports the records sent before it started as missing "
+        "(\"tail\").", non_negative)
     metadata_interval_ms: float = setting(
         60000.0, "Reader 0 sends the replicated topics' metadata (partition count, the configs "
         "of metadata.topic.configs) and the committed offsets of the groups of sender.groups "

@@ -1,8 +1,11 @@
 """A kafka_reader and a kafka_resender driven turn by turn (diode.runtime.worker.Stage.step)
 against a real source broker, their packer and acknowledgements played by the test: the order
 of what a reader hands on at its start and at its stop, what a reader killed as its topic is
-recreated tells after its restart, and a resend that ends by itself."""
+recreated tells after its restart, a resend that ends by itself, and what its heartbeats claim
+with sender.heartbeat.claims.max (diode.kafka.claims)."""
 
+import json
+import os
 import socket
 import tempfile
 import time
@@ -118,6 +121,70 @@ def test_a_reader_beats_before_its_first_record_and_after_its_last_and_a_resend_
     [digests] = [m.batch for m in handed if type(m) is messages.DigestBatch]
     assert digests["resend"] and [d[:2] + d[3:6] for d in digests["partitions"]] == \
         [("t", 0, 10, 19, 10)]
+
+
+def claimed(beat) -> dict:
+    """partition -> the last offset sent, of what a heartbeat claims."""
+    return {p[1]: p[4] for p in beat["partitions"]}
+
+
+@only_on("tansu")  # (the reader's claims, not the broker)
+def test_heartbeats_claim_what_changed_at_once_the_rest_in_turn_and_all_when_stopping(
+        zctx, start_brokers, broker_kind, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    partitions, most = 6, 1
+    k = partitions // most  # (each partition claimed at least every K heartbeats)
+    [src] = start_brokers(broker_kind, "source")
+    create_topic(src.bootstrap, "t", partitions)
+    produce(src.bootstrap, "t", [{"value": b"r%d" % i, "partition": i % partitions}
+                                 for i in range(RECORDS)])
+    t = reader_topology(src.bootstrap, topics=["t"], **{"heartbeat.claims.max": most})
+    out = sink(zctx, "sender", "packer")
+    r = open_reader(zctx, t, kafka_reader.Stage)
+    acks = transport.push(zctx, ["inproc://sender-kafka_reader-0.acks"], 1000)
+
+    def beats(handed):
+        return [m.beat for m in handed if type(m) is messages.Heartbeat]
+    try:
+        turns(r, out, acks, lambda h: records(h) == RECORDS)
+        # (its look at the source has found every partition's end, which each claim names:
+        # finding them changes every claim at once, when the look comes)
+        turns(r, out, acks, lambda h: len(r.lineage.ends) == partitions and
+              not r.tracker.inflight)
+        # idle: every heartbeat names at most `most` partitions, and any K in a row all of them
+        idle, _ = turns(r, out, acks, lambda h: len(beats(h)) >= 3 * k + 2)
+        idle = [claimed(b) for b in beats(idle)][2:]  # (the first may still name what was sent)
+        assert all(len(c) <= most for c in idle), idle
+        last = {p: RECORDS // partitions - 1 + (p < RECORDS % partitions) for p in
+                range(partitions)}
+        for i in range(len(idle) - k + 1):
+            window = {}
+            for c in idle[i:i + k]:
+                window.update(c)
+            assert window == last, (i, idle)
+        # idle, what a restart needs to know is not written again (diode.kafka.lineage)
+        written = os.stat(r.memory).st_mtime_ns
+        turns(r, out, acks, lambda h: len(beats(h)) >= 3)
+        assert os.stat(r.memory).st_mtime_ns == written
+        # new records of a partition just claimed: named in the next heartbeats, not K later
+        p = next(iter(idle[-1]))
+        produce(src.bootstrap, "t", [{"value": b"late", "partition": p}])
+        sent, _ = turns(r, out, acks, lambda h: records(h) == 1)
+        # (the first heartbeat after the reader took the acknowledgement: nothing in flight)
+        after, _ = turns(r, out, acks, lambda h: any(
+            b["counters"]["inflight"] == 0 for b in beats(h)))
+        [first] = [b for b in beats(after) if b["counters"]["inflight"] == 0]
+        assert claimed(first).get(p) == last[p] + 1, (p, first)
+        with open(r.memory) as f:  # (and what a restart needs to know, at once)
+            assert [e[4] for e in json.load(f)["partitions"] if e[1] == p] == [last[p] + 1]
+        last[p] += 1
+        r.stop()
+        stopping, going = turns(r, out, acks, lambda h: False)
+    finally:
+        r.close()
+    assert not going
+    stopped = beats(stopping)
+    assert stopped and all(b["stopping"] and claimed(b) == last for b in stopped), stopped
 
 
 @only_on("tansu")  # (what the reader remembers is its own doing, not the broker's)

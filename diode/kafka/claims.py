@@ -1,0 +1,83 @@
+"""Which claims a reader's heartbeat carries: what changed, and a bounded slice of the rest.
+
+A claim is a heartbeat's word on one partition of the current chains, or on an incarnation
+retired (diode.kafka.lineage): [topic, partition, incarnation, chain start, last offset sent,
+last offset the source held, retired]. The receiver (diode.accounting.ordering) acts on each claim
+it hears and on nothing else: a partition a heartbeat does not name is not taken as gone, so a
+heartbeat need not name them all. With sender.heartbeat.claims.max set (`most`), each one carries
+every claim that changed since it was last carried (records sent, a chain started, an incarnation
+retired) and at most `most` of the unchanged, in turn: every claim is carried at least every
+K = ceil(claims / most) heartbeats. A lost heartbeat delays what it carried by up to K heartbeats
+(a lost tail of an idle partition, what a restarted receiver learns of a chain that went on while
+it was down). The stopping heartbeats carry them all (a clean stop).
+"""
+
+import math
+
+
+def _key(claim) -> tuple:
+    """What a claim is about: a partition's incarnation, current or retired."""
+    return claim[0], claim[1], claim[2], claim[6]
+
+
+class ClaimSlices:
+    def __init__(self, most: int):
+        self.most = most          # unchanged claims a heartbeat carries (0: all of them)
+        self.carried: dict = {}   # key -> the claim (a tuple) as a heartbeat last carried it
+        self.order: list = []     # the keys, in the turn the unchanged are carried in
+        self.in_order: set = set()
+        self.turn = 0             # where the next slice of `order` starts
+        self.next_turn = 0        # ... once the heartbeat chosen last is handed on
+        self.changed = 0          # how many of the last choice had changed
+
+    def choose(self, claims: list, whole: bool = False) -> list:
+        """Of the current `claims`, those the next heartbeat carries (all of them when `whole`
+        or with no bound), as lists. Nothing counts as carried until `carried_now`. (With no
+        bound only whether any changed is kept: `changed` is then 0 or 1.)"""
+        if not self.most:
+            claims = list(map(tuple, claims))
+            self.changed, self.carried = int(claims != self.carried.get(None)), {None: claims}
+            return list(map(list, claims))
+        current = {_key(c): tuple(c) for c in claims}
+        if current.keys() != self.in_order:
+            self._reorder(current)
+        changed = [k for k, c in current.items() if self.carried.get(k) != c]
+        self.changed = len(changed)
+        self.next_turn = self.turn
+        if whole or len(current) - len(changed) <= self.most:
+            return list(map(list, current.values()))
+        chosen, taken, seen, n = set(changed), 0, 0, len(self.order)
+        while taken < self.most and seen < n:
+            k = self.order[(self.turn + seen) % n]
+            seen += 1
+            if k not in chosen:
+                chosen.add(k)
+                taken += 1
+        self.next_turn = (self.turn + seen) % n
+        return [list(current[k]) for k in self.order if k in chosen]
+
+    def _reorder(self, current: dict) -> None:
+        """The keys are `current`'s now: the gone leave the turn (the next slice starts where
+        it would have), the new (claimed now, having changed) join it last, just before where
+        the next slice starts."""
+        before = [k for k in self.order[:self.turn] if k in current]
+        after = [k for k in self.order[self.turn:] if k in current]
+        new = [k for k in current if k not in self.in_order]
+        self.order = before + new + after
+        self.in_order = set(self.order)
+        self.carried = {k: c for k, c in self.carried.items() if k in current}
+        self.turn = self.next_turn = (len(before) + len(new)) % max(1, len(self.order))
+
+    def carried_now(self, claims: list) -> None:
+        """A heartbeat carrying `claims` (the last chosen) was handed on."""
+        if not self.most:
+            return
+        self.turn = self.next_turn
+        for c in claims:
+            self.carried[_key(c)] = tuple(c)
+
+    def every(self) -> int:
+        """K: within how many heartbeats every claim is carried, at the most."""
+        if not self.most:
+            return 1
+        return max(1, math.ceil(len(self.order) / self.most))
