@@ -10,8 +10,8 @@ count (receiver.schemas.topic as a schema registry requires: 1 partition, compac
 The runtime's loop (diode.runtime.worker.Stage.step) hands this stage the unpackers' runs and
 heartbeats, a messages.Batch at a time (_batch); the stage offers them to its source partitions'
 states, asks the reader to replay its journal after a restart (Stage.replays), looks at the
-runs and claims waiting on the reader's clock every EXPIRE_SECONDS (a timer: _expire_waiting),
-and hands each job to its room (diode.writer):
+runs and claims waiting on the reader's clock every EXPIRE_SECONDS (a timer: _expire_waiting;
+only in the partitions with something waiting), and hands each job to its room (diode.writer):
 
 - order, duplicates and gaps, per incarnation of each source partition (diode.kafka.identity):
   diode.accounting.ordering, the one place where a range is decided missing;
@@ -20,6 +20,8 @@ and hands each job to its room (diode.writer):
 - diode.writer.destination: the typed backlog, produce, acknowledgements and latency, dead letters
   and refusals, destination topics and their trouble, the events producer;
 - diode.writer.recovery: the checkpoints, and what the destination holds after a restart;
+- diode.writer.held: which partitions have something waiting (what the expiry timer looks at),
+  and the duplicates, records waiting and open tickets over all, kept as partitions change;
 - diode.writer.link_watch (writer 0): the sender's heartbeats, a silent link, a clean stop;
 - diode.writer.source_view: the source's lag and risk, expired ranges, digests, and (writer 0)
   the source's metadata handed to the sync (diode.kafka.metasync).
@@ -71,6 +73,7 @@ from diode.link.runs import Run
 from diode.runtime.worker import Stage as BaseStage
 from diode.runtime.messages import Batch, Claim, DigestBatch, Heard, Mark, MetadataLook
 from diode.writer.destination import FLUSH_STEP_SECONDS, Destination
+from diode.writer.held import Held
 from diode.writer.link_watch import LinkWatch
 from diode.writer.recovery import Recovery
 from diode.writer.reporter import Reporter
@@ -97,6 +100,8 @@ class Stage(BaseStage):
         self.source_partitions: dict = {}  # source topic -> partition count (from the sender)
         # (topic, partition) -> SourcePartition: a PartitionState per incarnation heard of
         self.sources: dict = {}
+        # the partitions with something waiting, and the metrics' sums (diode.writer.held)
+        self.held = Held(self.sources)
         self.heard: dict = {}  # the sender's reader -> the earliest sender time (ms) heard of it
         self.writers = ctx.instances("kafka_writer")
         self.dest = Destination(r, self.metrics, self.log,
@@ -113,7 +118,8 @@ class Stage(BaseStage):
         self.sync = MetadataSync(kafka, r, self.destination).start() \
             if ctx.spec.index == 0 else None
         self.view = SourceView(r, self.metrics, self.log, sources=self.sources, owns=self._owns,
-                               reporter=self.reporter, emit=self.dest.emit, sync=self.sync)
+                               reporter=self.reporter, emit=self.dest.emit, sync=self.sync,
+                               touched=self.held.touched)
         self.link = LinkWatch(r, self.metrics, self.log, self.dest.emit,
                               lambda: len(self.dest.event_queue), MAX_EVENTS)
         # The reader's clock and journal position, per unpacker, from its marks (messages.Mark):
@@ -128,9 +134,10 @@ class Stage(BaseStage):
                                  source_partitions=self.source_partitions, owns=self._owns,
                                  name_of=self.destination, state=self._state,
                                  ask_holdings=self.preparer.holdings,
-                                 resuming=ctx.incarnation > 1)
+                                 resuming=ctx.incarnation > 1, held=self.held)
         if self.durable:
             self.recovery.restore(self._heard)
+            self.held.touched_all()  # (what a restored state waits for: looked at once)
         # A first start lost nothing (what was sent to it waited for it: the reader replays
         # the journal itself when it starts); a restart lost what its predecessor held, and
         # asks for it again, one stream per unpacker.
@@ -196,7 +203,7 @@ class Stage(BaseStage):
         """The turn's fills reported, the backlog produced, and a checkpoint if one is due and
         the backlog is empty."""
         dest = self.dest
-        self.reporter.report_fills(self.sources)
+        self._report_fills()
         if dest.backlog:
             dest.produce_backlog()
         if self._checkpoint_due(now) and not dest.backlog:
@@ -212,7 +219,7 @@ class Stage(BaseStage):
         if clock is None or self.finish_by is not None or self.recovery.flushing is not None \
                 or self._held_back(now):
             return
-        self._expire(clock)  # (a pass over every partition)
+        self._expire(clock)  # (a pass over the busy partitions)
 
     def finish(self, now):
         """Stopping and nothing more is coming: write what can be written (what waits for its
@@ -295,6 +302,7 @@ class Stage(BaseStage):
             state = self._state(run.topic, run.partition, run.incarnation, run.origin[1])
         wait = state.wait
         u = state.offer(run, run.origin[1])
+        self.held.touched((run.topic, run.partition))
         if u.missing or u.filled:  # (the wait only lengthens on a fill)
             self._apply(run.topic, run.partition, state, u, wait)
         else:  # the common case: runs to write, nothing to report
@@ -304,6 +312,7 @@ class Stage(BaseStage):
         """A heartbeat's claim: the sender's chain of an incarnation of a source partition, and
         (`retired`) that the incarnation is gone, its source having held records up to `end`."""
         state = self._state(c.topic, c.partition, c.incarnation, c.seen, retired=c.retired)
+        self.held.touched((c.topic, c.partition))
         state.heartbeat(c.chain_start, c.last_sent, c.seen, c.live, c.sent,
                         self._heard(c.reader, c.sent))
         if c.retired:
@@ -379,12 +388,6 @@ class Stage(BaseStage):
 
     # -- order, duplicates, gaps (diode.accounting.ordering) -----------------------------------
 
-    def _all_states(self):
-        """((topic, partition), state) of every incarnation of every source partition."""
-        for tp, source in self.sources.items():
-            for state in source.states():
-                yield tp, state
-
     def _state(self, topic: str, partition: int, incarnation: bytes, now: float | None = None,
                retired: bool = False) -> PartitionState:
         """The state of an incarnation of a source partition. One heard of for the first time
@@ -396,6 +399,7 @@ class Stage(BaseStage):
         state = source.find(incarnation)
         if state is not None:
             return state
+        self.held.touched((topic, partition))  # (a retirement: something waits)
         state = PartitionState(self.r.reorder_wait_ms / 1000,
                                max_wait=self.r.reorder_wait_max_ms / 1000,
                                resumed=self.recovery.resuming, incarnation=incarnation)
@@ -426,31 +430,38 @@ class Stage(BaseStage):
         self._queue(u.writes, state)
 
     def _expire(self, clock: float) -> None:
-        for (t, p), source in self.sources.items():
+        """What waits in the busy partitions (diode.writer.held) that is due at `clock`: an
+        idle partition costs nothing here."""
+        held = self.held
+        for (t, p), source in held.due():
             for state in source.states():
                 if state.busy:
                     wait = state.wait
                     self._apply(t, p, state, state.expire(clock), wait)
             if source.retired:
                 source.prune()
-        self.reporter.report_fills(self.sources)
+            held.still((t, p), source)
+        self._report_fills()
         self.link.check(clock, self.stopping)
+
+    def _report_fills(self) -> None:
+        for topic, partition, _ in self.reporter.fills:  # (tickets they close: counted again)
+            self.held.touched((topic, partition))
+        self.reporter.report_fills(self.sources)
 
     def sample_metrics(self):
         super().sample_metrics()
-        states = [s for _, s in self._all_states()]  # (one pass, for both)
-        self.reporter.export(states)
+        self._export_held()
         self.metrics.set("backlog_records", self.dest.backlog_records)  # (with what recovers)
         self.view.export()
-        self._export_held(states)
 
-    def _export_held(self, states: list | None = None) -> None:
-        """Duplicates dropped and records waiting, over every partition: a pass over them all,
-        so once a second (sample_metrics) and at the end, not at every expiry."""
-        if states is None:
-            states = [s for _, s in self._all_states()]
-        self.metrics.set("duplicates", sum(s.duplicates for s in states))
-        self.metrics.set("pending_records", sum(s.pending_records for s in states))
+    def _export_held(self) -> None:
+        """Duplicates dropped, records waiting and tickets open, over every partition, kept as
+        the partitions change (diode.writer.held): once a second and at the end."""
+        duplicates, pending, tickets, oldest = self.held.sums()
+        self.reporter.export(tickets, oldest)
+        self.metrics.set("duplicates", duplicates)
+        self.metrics.set("pending_records", pending)
 
     def close(self):
         self._export_held()  # (the last metrics are written after close)

@@ -238,6 +238,8 @@ class PartitionState:
     def at_risk(self, margin: int, due: list = ()) -> int:
         """Records of the reported gaps that the source holds and will delete first: those less
         than `margin` offsets above its log start, and those in the ranges `due` (due_by)."""
+        if not self.gaps:
+            return 0  # (the common case: nothing reported missing)
         top, n = self.log_start + margin - 1, 0
         i = max(0, bisect.bisect_left(self.gaps, [self.log_start]) - 1)
         while i < len(self.gaps) and self.gaps[i][0] <= top:

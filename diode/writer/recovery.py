@@ -32,18 +32,20 @@ RECOVER_AGAIN_SECONDS = 5.0  # the destination could not be read: try again afte
 class Recovery:
     def __init__(self, settings, metrics, log, journal_dir, index: int, writers: int, *,
                  sources: dict, source_partitions: dict, owns, name_of, state,
-                 ask_holdings=None, resuming: bool = False):
+                 ask_holdings=None, resuming: bool = False, held=None):
         """`settings`: the receiver's; `journal_dir`: where the checkpoints are; `index`,
         `writers`: this writer's and their count; `sources`: (topic, partition) ->
         SourcePartition, the writer's; `source_partitions`: source topic -> partition count;
         `owns(topic, partition)`; `name_of(source topic)`: its destination topic;
         `state(topic, partition, incarnation, now=None)`: the writer's state of it, made if
-        new; `ask_holdings(...)`: the Preparer's `holdings`; `resuming`: a restart."""
+        new; `ask_holdings(...)`: the Preparer's `holdings`; `resuming`: a restart; `held`:
+        the writer's diode.writer.held.Held (None: every state is looked at)."""
         self.r, self.metrics, self.log, self.dir = settings, metrics, log, journal_dir
         self.index, self.writers = index, writers
         self.sources, self.source_partitions = sources, source_partitions
         self.owns, self.name_of, self.state = owns, name_of, state
         self.ask_holdings = ask_holdings
+        self.held = held
         # (topic, partition, incarnation) whose destination state is known
         self.recovered: set = set()
         self.asked: set = set()           # source topics asked of, not yet answered
@@ -178,10 +180,12 @@ class Recovery:
         if None in marks:
             return None
         low = min(m.position for m in marks)
-        for source in self.sources.values():
-            for state in source.states():
-                if state.pending:
-                    low = min(low, state.oldest_position())
+        # (a state with runs waiting is busy: only the busy partitions need a look)
+        states = self.held.waiting() if self.held is not None else \
+            (state for source in self.sources.values() for state in source.states())
+        for state in states:
+            if state.pending:
+                low = min(low, state.oldest_position())
         for waiting in self.unrecovered.values():
             for item in waiting:
                 if isinstance(item, Run):

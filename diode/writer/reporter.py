@@ -169,15 +169,15 @@ class Reporter:
 
     # -- metrics -----------------------------------------------------------------------------
 
-    def export(self, states: list) -> None:
-        """Once a second: the last hour's missing ranges, and the open tickets of `states`."""
+    def export(self, tickets_open: int, oldest: int | None) -> None:
+        """Once a second: the last hour's missing ranges, and the open tickets (`tickets_open`,
+        the oldest opened at `oldest`, ms; None: none open; diode.writer.held)."""
         hour_ago = time.monotonic() - 3600
         while self.recent_missing and self.recent_missing[0].when < hour_ago:
             self.recent_missing.popleft()
         self.metrics.set("missing_ranges_last_hour", len(self.recent_missing))
         self.metrics.set("missing_records_last_hour", sum(r.records for r in self.recent_missing))
         now_ms = int(time.time() * 1000)
-        opened = [t.opened for s in states for t in s.tickets]
-        self.metrics.set("tickets_open", len(opened))
+        self.metrics.set("tickets_open", tickets_open)
         self.metrics.set("ticket_oldest_age_seconds",
-                         round(max(0, now_ms - min(opened)) / 1000, 3) if opened else 0)
+                         round(max(0, now_ms - oldest) / 1000, 3) if oldest is not None else 0)

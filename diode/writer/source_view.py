@@ -39,13 +39,15 @@ class TopicSettings(NamedTuple):
 
 class SourceView:
     def __init__(self, settings, metrics, log, *, sources: dict, owns, reporter, emit,
-                 sync=None):
+                 sync=None, touched=lambda tp: None):
         """`settings`: the receiver's; `sources`: (topic, partition) -> SourcePartition, the
         writer's; `owns(topic, partition)`; `reporter`: the writer's Reporter; `emit(topic,
-        key, value, headers)`: to the events producer; `sync`: writer 0's MetadataSync."""
+        key, value, headers)`: to the events producer; `sync`: writer 0's MetadataSync;
+        `touched(tp)`: a partition's tickets changed here (diode.writer.held)."""
         self.r, self.metrics, self.log = settings, metrics, log
         self.sources, self.owns, self.reporter, self.emit = sources, owns, reporter, emit
         self.sync = sync
+        self.touched = touched
         # the source as the sender last looked at it (wire.KIND_SOURCE): (topic, partition) ->
         # (incarnation, log start, end, sender time), topic -> (retention.ms, .bytes, policy)
         self.source_state: dict = {}
@@ -68,6 +70,8 @@ class SourceView:
             self.source_state[key] = SourceLook(incarnation, log_start, end, state["time_ms"])
             source = self.sources.get(key)
             held = source.find(incarnation) if source is not None else None
+            if held is not None and held.gaps:
+                self.touched(key)
             for first, last in held.source_starts(log_start) if held is not None else ():
                 ticket = held.ticket_at(first)
                 self.reporter.expired(topic, partition, first, last, incarnation,
@@ -98,7 +102,8 @@ class SourceView:
             held[topic] = held.get(topic, 0) + max(0, end - log_start)
             known = self.topic_settings.get(topic)
             retention_ms = known.retention_ms if known is not None else -1
-            due = state.due_by(horizon, retention_ms) if state and retention_ms >= 0 else ()
+            due = state.due_by(horizon, retention_ms) \
+                if state and state.tickets and retention_ms >= 0 else ()
             risk[topic] = risk.get(topic, 0) + (state.at_risk(margin, due) if state else 0)
         for topic in self.lagging_topics - set(lag):
             for name in ("source_lag_records", "missing_at_risk_records"):
@@ -118,6 +123,7 @@ class SourceView:
                 source = self.sources.get((t, p))
                 state = source.find(inc) if source is not None else None
                 if state is not None:
+                    self.touched((t, p))
                     state.source_holds(first, last, count)
                     self.reporter.close_tickets(t, p, state, state.settle_tickets(first, last))
         topic = self.r.digest_topic

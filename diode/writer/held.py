@@ -1,0 +1,103 @@
+"""Which of a writer's source partitions have something waiting, and what they all hold, kept as
+they change: the work of a turn, and of the metrics each second, is proportional to the
+partitions that changed, not to those that exist (issue 36: 10 000 partitions, most idle).
+
+- `busy`: the source partitions one of whose states (diode.accounting.ordering) may have
+  something for expire() to do (PartitionState.busy: runs waiting for their predecessor, claims
+  waiting, records expected, a retirement). Every partition the writer touches (a run offered, a
+  heartbeat's claim, a state made or retired, a state restored) is put in it; the expiry pass
+  (`due`) walks only these and takes out those left with nothing waiting. So a partition that
+  becomes busy is always in it, and an idle one costs nothing per tick.
+- `changed`: the partitions touched since the metrics were last summed (`sums`): their
+  duplicates, records waiting and open tickets are counted again, the others' kept.
+
+This room owns the two sets and the sums; it does not own the partitions' states (the writer's
+`sources`: (topic, partition) -> SourcePartition), nor what expire() decides (the writer's)."""
+
+from typing import NamedTuple
+
+
+class Tally(NamedTuple):
+    """What one source partition's states hold, for the metrics."""
+    duplicates: int
+    pending: int
+    tickets: int
+    oldest: int | None  # when its oldest open ticket was opened (ms), None: no ticket open
+
+
+NOTHING = Tally(0, 0, 0, None)
+
+
+class Held:
+    def __init__(self, sources: dict):
+        self.sources = sources
+        self.busy: dict = {}      # (topic, partition) -> None: an ordered set
+        self.changed: set = set()
+        self.tallies: dict = {}   # (topic, partition) -> Tally, of every partition summed
+        self.oldest: dict = {}    # (topic, partition) -> its oldest open ticket (ms), if any
+        self.duplicates = self.pending = self.tickets = 0
+
+    def touched(self, tp: tuple) -> None:
+        """A source partition's states changed (or may have): looked at by the next expiry
+        pass, and counted again by the next `sums`."""
+        self.busy[tp] = None
+        self.changed.add(tp)
+
+    def touched_all(self) -> None:
+        """Every source partition (once, after the states were restored from checkpoints)."""
+        for tp in self.sources:
+            self.touched(tp)
+
+    def due(self):
+        """The busy partitions, as (tp, SourcePartition), for an expiry pass (taken apart from
+        the set: the caller puts back with `still` those left busy)."""
+        busy, self.busy = self.busy, {}
+        for tp in busy:
+            source = self.sources.get(tp)
+            if source is not None:
+                self.changed.add(tp)
+                yield tp, source
+
+    def still(self, tp: tuple, source) -> None:
+        """After an expiry pass over `source`: kept in the set if a state has something left."""
+        if any(state.busy for state in source.states()):
+            self.busy[tp] = None
+
+    def waiting(self):
+        """The states of the busy partitions (every state with runs waiting is one of them)."""
+        for tp in self.busy:
+            source = self.sources.get(tp)
+            if source is not None:
+                yield from source.states()
+
+    def sums(self) -> tuple:
+        """(duplicates, records waiting, tickets open, the oldest open ticket's time in ms or
+        None) over every state, counting again only the partitions changed since the last."""
+        for tp in self.changed:
+            source = self.sources.get(tp)
+            new = tally(source.states()) if source is not None else NOTHING
+            old = self.tallies.pop(tp, NOTHING)
+            if new != NOTHING:
+                self.tallies[tp] = new
+            self.duplicates += new.duplicates - old.duplicates
+            self.pending += new.pending - old.pending
+            self.tickets += new.tickets - old.tickets
+            if new.oldest is None:
+                self.oldest.pop(tp, None)
+            else:
+                self.oldest[tp] = new.oldest
+        self.changed.clear()
+        return (self.duplicates, self.pending, self.tickets,
+                min(self.oldest.values()) if self.oldest else None)
+
+
+def tally(states) -> Tally:
+    duplicates = pending = tickets = 0
+    oldest = None
+    for s in states:
+        duplicates += s.duplicates
+        pending += s.pending_records
+        for t in s.tickets:
+            tickets += 1
+            oldest = t.opened if oldest is None else min(oldest, t.opened)
+    return Tally(duplicates, pending, tickets, oldest)

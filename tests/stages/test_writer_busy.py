@@ -1,0 +1,130 @@
+"""The kafka_writer looks only at the partitions with something waiting (diode.writer.held): a
+partition that becomes busy (a run waiting for its predecessor, a heartbeat's claim, a retired
+incarnation, a state restored from a checkpoint) has what waits reported when it is due, and
+one left with nothing waiting leaves the set, so a writer with many idle partitions does no work
+for them per tick. Its metrics' sums, kept as the partitions change, are those of every state."""
+
+import pytest
+
+from diode.accounting.ordering import PartitionState
+from diode.kafka import identity
+from diode.runtime import checkpoints, messages
+from tests.stages.test_stages import make_stage, topology
+from tests.unit.writer_fakes import run
+
+OLD, NEW = b"\x01" * 16, b"\x02" * 16
+IDLE = 200  # idle partitions beside the busy ones
+
+
+@pytest.fixture
+def writer(zctx, caplog):
+    caplog.set_level("WARNING")
+    w = make_stage(zctx, topology(unpacker=1, kafka_writer=1), "receiver", "kafka_writer")
+    yield w
+    w.close()
+
+
+def offer(w, r, clock=0.0, incarnation=OLD):
+    r.incarnation = incarnation
+    r.origin = (1, clock, False)
+    w._offer(r)
+
+
+def with_idle(w):
+    """IDLE partitions written up to offset 4, nothing waiting: out of the set after a pass."""
+    for p in range(IDLE):
+        offer(w, run(0, 5, partition=p, topic="idle", partitions=IDLE))
+    w._expire(0.0)
+    assert not w.held.busy
+
+
+def missing(caplog) -> list:
+    """The missing ranges logged, without their reason."""
+    return [r.getMessage().split(" (")[0] for r in caplog.records
+            if r.getMessage().startswith("missing")]
+
+
+def test_a_run_waiting_for_its_predecessor_is_reported_when_due_and_leaves_the_set(
+        writer, caplog):
+    with_idle(writer)
+    offer(writer, run(0, 3, partition=1))
+    offer(writer, run(5, 2, partition=1), clock=1.0)  # (3 and 4 lost)
+    assert list(writer.held.busy) == [("t", 1)]
+    writer._expire(1.0)  # (not due yet: stays)
+    assert list(writer.held.busy) == [("t", 1)] and not missing(caplog)
+    writer._expire(100.0)
+    assert missing(caplog) == ["missing t[1] offsets 3..4"]
+    assert not writer.held.busy
+    assert [list(e.run.offsets) for e in writer.dest.backlog if e.run.topic == "t"] == \
+        [[0, 1, 2], [5, 6]]
+
+
+def test_a_claimed_tail_is_reported_when_due_and_the_partition_leaves_the_set(writer, caplog):
+    with_idle(writer)
+    offer(writer, run(0, 3, partition=2))
+    writer._expire(0.0)
+    assert not writer.held.busy
+    writer._claim(messages.Claim("t", 2, OLD, 0, 6, 6, False, 1.0, True, 0, 1000))
+    assert list(writer.held.busy) == [("t", 2)]
+    writer._expire(100.0)
+    assert missing(caplog) == ["missing t[2] offsets 3..6"]
+    assert not writer.held.busy
+
+
+def test_a_retired_incarnation_is_reported_as_source_reset_then_leaves_the_set(writer, caplog):
+    with_idle(writer)
+    offer(writer, run(0, 3, partition=3))
+    writer._claim(messages.Claim("t", 3, OLD, 0, 2, 9, True, 1.0, True, 0, 1000))  # held to 9
+    offer(writer, run(0, 2, partition=3, prev=-1), clock=1.0, incarnation=NEW)
+    assert ("t", 3) in writer.held.busy
+    writer._expire(100.0)
+    writer._expire(200.0)
+    assert missing(caplog) == ["missing t[3] offsets 3..9"]
+    assert writer.metrics.get("missing_records") == 7
+    assert not writer.held.busy
+
+
+def test_states_restored_from_a_checkpoint_with_something_waiting_are_busy(zctx, caplog):
+    caplog.set_level("WARNING")
+    t = topology(unpacker=1, kafka_writer=1)
+    waiting = PartitionState(1.0, frontier=4, incarnation=OLD)
+    waiting.retire(0.0)  # (a retirement the restart must finish)
+    waiting.source_ended(9)
+    idle = PartitionState(1.0, frontier=4, incarnation=OLD)
+    entry = {"destination": "t", "incarnation": identity.text(OLD), "current": True}
+    checkpoints.save(t.resolve(t.receiver.journal_dir), 0, 0,
+                     [["t", 0, {**waiting.checkpoint(), **entry}]] +
+                     [["t", p, {**idle.checkpoint(), **entry}] for p in range(1, IDLE)],
+                     1, 1000, sync=False)
+    w = make_stage(zctx, t, "receiver", "kafka_writer")
+    try:
+        assert len(w.sources) == IDLE
+        w._expire(0.0)   # (the restored retirement's wait starts)
+        assert list(w.held.busy) == [("t", 0)]
+        w._expire(100.0)
+        assert missing(caplog) == ["missing t[0] offsets 5..9"]
+        assert not w.held.busy
+    finally:
+        w.close()
+
+
+def test_the_metrics_sums_are_those_of_every_state(writer):
+    with_idle(writer)
+    offer(writer, run(0, 5, partition=0, topic="idle", partitions=IDLE))  # 5 duplicates
+    for p, n in ((4, 3), (5, 2), (6, 6)):
+        offer(writer, run(0, n, partition=p))
+    offer(writer, run(7, 2, partition=4))  # (3..6 lost)
+    writer._claim(messages.Claim("t", 5, OLD, 0, 3, 3, False, 0.0, True, 0, 1000))
+    writer._expire(100.0)  # (t[4]'s gap and t[5]'s tail reported: tickets open)
+    offer(writer, run(9, 1, partition=6, prev=8))  # (waits for 6..8)
+    writer.sample_metrics()
+    states = [s for source in writer.sources.values() for s in source.states()]
+    opened = [t.opened for s in states for t in s.tickets]
+    assert writer.metrics.get("duplicates") == sum(s.duplicates for s in states) == 5
+    assert writer.metrics.get("pending_records") == sum(s.pending_records for s in states) == 1
+    assert writer.metrics.get("tickets_open") == len(opened) == 2
+    offer(writer, run(6, 4, partition=6, prev=5))  # (6..9 written: the waiting 9 a duplicate)
+    writer.sample_metrics()
+    states = [s for source in writer.sources.values() for s in source.states()]
+    assert writer.metrics.get("duplicates") == sum(s.duplicates for s in states) == 6
+    assert writer.metrics.get("pending_records") == sum(s.pending_records for s in states) == 0
