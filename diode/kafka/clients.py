@@ -142,15 +142,46 @@ def create_topic(admin, topic: str, partitions: int, timeout: float = 15.0,
     False if it existed already. Clusters often refuse to create topics on a produce
     (auto.create.topics.enable=false), so every topic diode writes to is created on purpose.
     Other failures raise KafkaException."""
-    new = NewTopic(topic, partitions, config={k: str(v) for k, v in (config or {}).items()})
-    future = admin.create_topics([new], operation_timeout=timeout)[topic]
-    try:
-        future.result(timeout + 5)
-        return True
-    except KafkaException as exc:
-        if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
-            return False
-        raise
+    created = create_topics(admin, {topic: (partitions, config)}, timeout)[topic]
+    if isinstance(created, KafkaError):
+        raise KafkaException(created)
+    return created
+
+
+# Partitions asked for in one CreateTopics request at most (Apache Kafka's controller refuses a
+# request of more than 10 000, "excessively large"): more go in several requests.
+CREATE_PARTITIONS_PER_REQUEST = 5000
+
+
+def create_topics(admin, topics: dict, timeout: float = 15.0) -> dict:
+    """Create `topics` ({topic: (partitions, config or None)}) with the cluster's default
+    replication, in as few CreateTopics requests as the cluster takes (CREATE_PARTITIONS_PER_
+    REQUEST partitions each), sent together and then waited for. Returns topic -> True
+    (created), False (it existed already) or the KafkaError the cluster refused it with: a
+    topic refused takes nothing from the others."""
+    out: dict = {}
+    futures: dict = {}
+    batch: list = []
+    size = 0
+    for topic, (partitions, config) in topics.items():
+        if batch and size + partitions > CREATE_PARTITIONS_PER_REQUEST:
+            futures.update(admin.create_topics(batch, operation_timeout=timeout))
+            batch, size = [], 0
+        batch.append(NewTopic(topic, partitions,
+                              config={k: str(v) for k, v in (config or {}).items()}))
+        size += partitions
+    if batch:
+        futures.update(admin.create_topics(batch, operation_timeout=timeout))
+    for topic, future in futures.items():
+        try:
+            future.result(timeout + 5)
+            out[topic] = True
+        except KafkaException as exc:
+            error = exc.args[0]
+            out[topic] = False if error.code() == KafkaError.TOPIC_ALREADY_EXISTS else error
+        except TimeoutError:  # (concurrent.futures': the cluster did not answer in time)
+            out[topic] = KafkaError(KafkaError._TIMED_OUT, f"creating {topic}: no answer")
+    return out
 
 
 def raise_partitions(admin, topic: str, partitions: int, timeout: float = 15.0) -> None:

@@ -34,7 +34,7 @@ from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, 
 from diode.errors import DiodeError
 from diode.kafka import groups, messages
 from diode.kafka.clients import admin_config, create_topic, producer_config, raise_partitions
-from diode.kafka.preparer import CREATE_TIMEOUT, describe
+from diode.kafka.preparer import CREATE_TIMEOUT, TOPICS_PER_LOOK, describe, described
 from diode.kafka.refresh import REQUEST_TIMEOUT, Looker, hand, topic_configs
 
 log = logging.getLogger("diode.kafka.metasync")
@@ -131,8 +131,13 @@ class MetadataSync(Looker):
                 topics, positions = self.work.get(timeout=0.5)
             except queue.Empty:
                 continue
-            for topic, entry in sorted(topics.items()):
-                self._report(self._guarded("topic", topic, self._topic, admin, topic, *entry))
+            names = sorted(topics)
+            for i in range(0, len(names), TOPICS_PER_LOOK):
+                part = names[i:i + TOPICS_PER_LOOK]
+                known = self._known(admin, {t: topics[t] for t in part})
+                for topic in part:
+                    self._report(self._guarded("topic", topic, self._topic, admin, topic,
+                                               *topics[topic], known.get(topic)))
             by_group: dict = {}
             for (group, topic, partition), entry in positions.items():
                 by_group.setdefault(group, {})[(topic, partition)] = entry
@@ -154,8 +159,27 @@ class MetadataSync(Looker):
 
     # -- topics ----------------------------------------------------------------------------
 
+    def _known(self, admin, topics: dict) -> dict:
+        """source topic -> (its destination topic's partition count, {config: value} of the
+        configs it may be given), for those whose destination topic exists: what `_topic` would
+        ask of each, asked of all in two requests (their metadata, their configs). {} when the
+        destination does not answer now (each topic then asks for itself, and is reported)."""
+        dests = {t: self.destination(t) for t in topics}
+        try:
+            counts = described(admin, sorted(set(dests.values())))
+            there = sorted({d for d in dests.values() if counts[d][0]})
+            names = sorted({*(n for _, _, configs in topics.values() for n in configs),
+                            *(n for d in there for n in pins(self.r.topic_configs, d))})
+            current = topic_configs(admin, there, names)
+        except KafkaException:
+            return {}
+        return {t: (counts[d][0], current.get(d, {})) for t, d in dests.items()
+                if counts[d][0]}
+
     def _topic(self, admin, topic: str, incarnation: bytes, partitions: int,
-               configs: dict) -> Report:
+               configs: dict, known: tuple | None = None) -> Report:
+        """Make the destination topic of `topic` follow it; `known`: (its partition count,
+        its configs) when `_known` found it, else it is asked here."""
         r = self.r
         dest = self.destination(topic)
         target, refused = target_configs(configs, pins(r.topic_configs, dest),
@@ -173,7 +197,7 @@ class MetadataSync(Looker):
             said.append(("rejected", f"{dest}: {partitions} partitions: more than "
                                      f"{MAX_PARTITIONS}, not followed"))
             partitions = 0
-        count, _ = describe(admin, dest)
+        count = known[0] if known else describe(admin, dest)[0]
         if not count:
             if self._create(admin, dest, max(1, partitions), target):
                 done.append(("created", f"{dest} with {max(1, partitions)} partition(s)"
@@ -191,7 +215,8 @@ class MetadataSync(Looker):
                     said.append(("rejected", f"{dest}: partitions {count} -> {partitions}: "
                                              f"{exc.args[0].str()}"))
                     self._remember((dest, "partitions"), ("rejected", partitions))
-        current = topic_configs(admin, [dest], sorted(target)).get(dest, {})
+        current = known[1] if known else \
+            topic_configs(admin, [dest], sorted(target)).get(dest, {})
         changes = {k: v for k, v in target.items() if current.get(k) != v}
         if changes:
             for name, value, error in self._alter(admin, dest, changes):

@@ -9,10 +9,14 @@ so do its heartbeats: the supervisor kills a worker silent for
 supervisor.heartbeat.timeout.seconds, and a slow cluster turns into restarts.
 
 A Preparer asks from a thread of its own, with clients of its own (a confluent_kafka client is
-not shared with the loop's), one question at a time in the order they were asked, and hands each
-answer to the loop through a small queue: the loop never waits on the cluster. It asks for one
-topic's metadata (`list_topics(topic=...)`), never for the whole cluster's. The loop asks again
-only once it has the answer, so the questions outstanding are at most one per topic.
+not shared with the loop's), in the order the questions were asked, and hands each answer to the
+loop through a small queue: the loop never waits on the cluster. The topics asked about while it
+was busy are answered together (up to TOPICS_PER_LOOK): their metadata in one request (for those
+topics, never the whole cluster's), the missing ones created in one CreateTopics request, so a
+writer whose first records name 2 000 topics waits for a few requests, not for 2 000 of each. A
+topic the cluster refuses is answered with its error; the others of its batch are not held up.
+The loop asks again only once it has the answer, so the questions outstanding are at most one
+per topic.
 """
 
 import logging
@@ -20,12 +24,12 @@ import queue
 import threading
 from typing import NamedTuple
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient
 
 from diode.errors import DiodeError
 from diode.kafka import recovery
-from diode.kafka.clients import admin_config, create_topic, raise_partitions
+from diode.kafka.clients import admin_config, create_topics, raise_partitions
 from diode.kafka.refresh import hand, taken
 
 log = logging.getLogger("diode.kafka.preparer")
@@ -36,6 +40,7 @@ SETTLE_SECONDS = 5.0     # s: a topic just created may show an error in metadata
 SETTLE_POLL = 0.2
 RECOVERY_TIMEOUT = 5.0   # s: reading what the destination holds (diode.kafka.recovery)
 ANSWERS = 64             # answers waiting for the loop; past it the thread waits
+TOPICS_PER_LOOK = 1000   # topics asked about together (one metadata request, one create)
 
 
 class TopicAnswer(NamedTuple):
@@ -100,46 +105,92 @@ class Preparer:
         # auto.create.topics.enable would make it with its default partition count)
         admin = AdminClient({**admin_config(self.settings), "allow.auto.create.topics": False})
         while not self._stop.is_set():
-            question = self.questions.get()
-            if question is None:
-                return
-            try:
-                answer = self._prepare_topic(admin, *question[1:]) \
-                    if question[0] == "topic" else self._holdings(*question[1:])
-                if isinstance(answer, TopicAnswer) and answer.partitions:
-                    if answer.topic in self._counts:  # (asked again: its count may be new)
-                        self.grown(answer.topic)
-                    self._counts[answer.topic] = answer.partitions
-            except Exception as exc:  # (a bug: answered all the same, the loop must not wait)
-                log.exception("asking the destination about %s failed", question[1])
-                answer = TopicAnswer(question[1], 0, False,
-                                     KafkaError(KafkaError._FAIL, repr(exc))) \
-                    if question[0] == "topic" else \
-                    HoldingsAnswer(question[1], question[3], {}, None, repr(exc))
-            hand(self.answers, answer, self._stop)
+            questions = [self.questions.get()]
+            while questions[-1] is not None and len(questions) < TOPICS_PER_LOOK:
+                try:  # (what was asked meanwhile, answered together)
+                    questions.append(self.questions.get_nowait())
+                except queue.Empty:
+                    break
+            topics = [q[1:] for q in questions if q is not None and q[0] == "topic"]
+            for answer in self._topic_answers(admin, topics) if topics else ():
+                hand(self.answers, answer, self._stop)
+            for question in questions:
+                if question is None:
+                    return
+                if question[0] == "holdings":
+                    hand(self.answers, self._holdings_answer(*question[1:]), self._stop)
 
-    def _prepare_topic(self, admin, topic: str, partitions: int,
-                       config: dict | None) -> TopicAnswer:
+    def _topic_answers(self, admin, questions: list) -> list:
+        """The TopicAnswers to `questions` ((topic, partitions, config) each), their counts
+        remembered; a failure (a bug) answered all the same: the loop must not wait."""
         try:
-            count, _ = describe(admin, topic)
+            answers = self._prepare_topics(admin, questions)
+        except Exception as exc:
+            log.exception("asking the destination about %s failed",
+                          ", ".join(q[0] for q in questions))
+            error = KafkaError(KafkaError._FAIL, repr(exc))
+            return [TopicAnswer(q[0], 0, False, error) for q in questions]
+        for answer in answers:
+            if answer.partitions:
+                if answer.topic in self._counts:  # (asked again: its count may be new)
+                    self.grown(answer.topic)
+                self._counts[answer.topic] = answer.partitions
+        return answers
+
+    def _holdings_answer(self, source_topic: str, *question) -> HoldingsAnswer:
+        try:
+            return self._holdings(source_topic, *question)
+        except Exception as exc:  # (a bug: answered all the same, the loop must not wait)
+            log.exception("asking the destination about %s failed", source_topic)
+            return HoldingsAnswer(source_topic, question[1], {}, None, repr(exc))
+
+    def _prepare_topics(self, admin, questions: list) -> list:
+        """A TopicAnswer to each question (topic, partitions, config), in their order: their
+        counts from one metadata request; those with fewer partitions than asked raised; those
+        missing created together, then described until they show (SETTLE_SECONDS)."""
+        wanted = {topic: (partitions, config) for topic, partitions, config in questions}
+        answers: dict = {}
+        try:
+            counts = described(admin, list(wanted))
+        except KafkaException as exc:  # (the cluster does not answer: every one told so)
+            counts = {topic: (0, exc.args[0]) for topic in wanted}
+        missing = {}
+        for topic, (partitions, config) in wanted.items():
+            count, error = counts[topic]
             if count >= partitions:
-                return TopicAnswer(topic, count, False, None)
-            if count:
-                return TopicAnswer(topic, self._grow(admin, topic, count, partitions), False,
-                                   None)
-            created = create_topic(admin, topic, partitions, CREATE_TIMEOUT,
-                                   config={**self.configs(topic), **(config or {})})
-            count, error = describe(admin, topic)
-            waited = 0.0
-            while not count and waited < SETTLE_SECONDS and not self._stop.is_set():
+                answers[topic] = TopicAnswer(topic, count, False, None)
+            elif count:
+                answers[topic] = TopicAnswer(topic, self._grow(admin, topic, count, partitions),
+                                             False, None)
+            elif error is not None and error.code() < 0:  # (librdkafka's own: no answer)
+                answers[topic] = TopicAnswer(topic, 0, False, error)
+            else:
+                missing[topic] = (partitions, {**self.configs(topic), **(config or {})})
+        made = create_topics(admin, missing, CREATE_TIMEOUT) if missing else {}
+        for topic, created in made.items():
+            if isinstance(created, KafkaError):
+                answers[topic] = TopicAnswer(topic, 0, False, created)
+        waiting = {topic for topic, created in made.items()
+                   if not isinstance(created, KafkaError)}
+        waited = 0.0
+        while waiting:
+            try:
+                counts = described(admin, sorted(waiting))
+            except KafkaException as exc:
+                counts = {topic: (0, exc.args[0]) for topic in waiting}
+            for topic in list(waiting):
+                count, error = counts[topic]
+                if count:
+                    answers[topic] = TopicAnswer(topic, count, made[topic], None)
+                    waiting.discard(topic)
+                elif waited >= SETTLE_SECONDS or self._stop.is_set():
+                    answers[topic] = TopicAnswer(topic, 0, False, error or KafkaError(
+                        KafkaError.UNKNOWN_TOPIC_OR_PART))
+                    waiting.discard(topic)
+            if waiting:
                 self._stop.wait(SETTLE_POLL)  # (a topic just made: not in metadata yet)
                 waited += SETTLE_POLL
-                count, error = describe(admin, topic)
-            if not count:
-                raise KafkaException(error or KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
-            return TopicAnswer(topic, count, created, None)
-        except KafkaException as exc:
-            return TopicAnswer(topic, 0, False, exc.args[0])
+        return [answers[topic] for topic, _, _ in questions]
 
     def _grow(self, admin, topic: str, count: int, partitions: int) -> int:
         """Raise `topic`'s partition count from `count` to `partitions`; the count it has
@@ -167,6 +218,23 @@ class Preparer:
         except DiodeError as exc:
             return HoldingsAnswer(source_topic, wanted, {}, None, str(exc))
         return HoldingsAnswer(source_topic, wanted, written, reported, None)
+
+
+def described(admin, topics: list) -> dict:
+    """topic -> (its partition count, None), or (0, the error the cluster gives for it) when it
+    has none (it does not exist, or not yet everywhere): all of `topics` in one metadata
+    request. KafkaException when the cluster does not answer."""
+    out = {}
+    futures = admin.describe_topics(TopicCollection(topics), request_timeout=METADATA_TIMEOUT)
+    for topic, future in futures.items():
+        try:
+            out[topic] = (len(future.result(METADATA_TIMEOUT + 5).partitions), None)
+        except KafkaException as exc:
+            out[topic] = (0, exc.args[0])
+        except TimeoutError:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "describing topics: "
+                                            "no answer")) from None
+    return out
 
 
 def describe(admin, topic: str) -> tuple[int, KafkaError | None]:
