@@ -159,7 +159,7 @@ class SpreadStream:
     remembering when, so that the test knows how many came while the receiver was down."""
 
     def __init__(self, bootstrap: str, start: int, total: int, rate: int):
-        self.bootstrap, self.start_at, self.total, self.rate = start, total, rate
+        self.bootstrap, self.start_at, self.total, self.rate = bootstrap, start, total, rate
         self.produced_at: list = []  # (time.monotonic() once acknowledged, records so far)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
