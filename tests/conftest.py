@@ -321,8 +321,8 @@ RECENT_MS = (int(time.time()) - 3600) * 1000
 
 
 def produce(bootstrap, topic: str, records) -> None:
-    """records: dicts with value and optional key, headers, timestamp, partition. Every record
-    must be acknowledged by the broker."""
+    """records: dicts with value and optional key, headers, timestamp, partition, topic (where
+    it is not `topic`). Every record must be acknowledged by the broker."""
     p = Producer(client(bootstrap, **{"linger.ms": 5, "message.max.bytes": 20_000_000}))
     failed = []
 
@@ -330,9 +330,11 @@ def produce(bootstrap, topic: str, records) -> None:
         if err is not None:
             failed.append(err)
     for r in records:
+        r = dict(r)
+        to = r.pop("topic", topic)
         while True:
             try:
-                p.produce(topic, on_delivery=delivered, **r)
+                p.produce(to, on_delivery=delivered, **r)
                 break
             except BufferError:
                 p.poll(0.1)

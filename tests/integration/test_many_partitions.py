@@ -1,0 +1,241 @@
+"""A thousand partitions (issue 36): 200 source topics of 5 partitions each, chosen by
+sender.topics.regex as a plant exporting hundreds of topics would, every record accounted for
+by its source topic, partition and offset.
+
+Records go to the partitions in turn (record i to partition i mod 1 000 in the order
+topic-major: t000[0], t001[0], ..., t199[0], t000[1], ...), so that any few consecutive records
+touch as many topics as records: the case where records are spread thinnest.
+
+Both brokers hold 1 000 partitions, so the test runs on both. Its cost is the partitions, not
+the records: one test of two phases, so that the source's 1 000 partitions and the 1 000 the
+receiver creates at the destination are made once. Measured on the shared 2-core machine
+under a load average of 30 to 55 (2026-11-27): on Tansu 285 s (the source's topics created
+and 5 000 records produced in 11 s; the 5 000 written 87 s after the launch; the restart's
+12 000 accounted for 161 s after the receiver was back). An Apache Kafka broker makes each
+partition's log after answering the CreateTopics request, at 75 ms a partition under that
+load and ~3 a second under a load of 58 (its log: "Creating new partition"), the destination's
+as long again: most of the test's time on Kafka is the broker's."""
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+from tests.conftest import client, missing_event, produce, read_until, wait_for
+from tests.integration.test_durability import durable_topology
+
+TOPICS, PER_TOPIC = 200, 5
+PARTITIONS = TOPICS * PER_TOPIC
+REGEX = r"t[0-9]{3}"
+
+
+def topic(t: int) -> str:
+    return "t%03d" % t
+
+
+def where(i: int) -> tuple[str, int]:
+    """The source topic and partition of record i."""
+    k = i % PARTITIONS
+    return topic(k % TOPICS), k // TOPICS
+
+
+def create_many(bootstrap: str, timeout: float = 600) -> None:
+    """The 200 source topics in one CreateTopics request, then until every partition's leader
+    answers for it (a Kafka broker makes each partition's log after the request is answered:
+    75 ms a partition on this machine under load, ~3 a second at its worst)."""
+    admin = AdminClient(client(bootstrap))
+    futures = admin.create_topics([NewTopic(topic(t), PER_TOPIC) for t in range(TOPICS)],
+                                  request_timeout=60)
+    for fut in futures.values():
+        fut.result(60)
+    waiting = [TopicPartition(topic(t), p) for t in range(TOPICS) for p in range(PER_TOPIC)]
+    deadline = time.monotonic() + timeout
+    while waiting:
+        assert time.monotonic() < deadline, f"{len(waiting)} partitions not ready: {waiting[:5]}"
+        asked = admin.list_offsets({tp: OffsetSpec.earliest() for tp in waiting},
+                                   request_timeout=30)
+        waiting = [tp for tp, fut in asked.items() if fut.exception(30) is not None]
+        if waiting:
+            time.sleep(1)
+
+
+def records(start: int, end: int) -> list:
+    """Records start..end-1, each naming its topic and partition in its value."""
+    out = []
+    for i in range(start, end):
+        name, p = where(i)
+        out.append({"value": b"%s/%d/r%07d" % (name.encode(), p, i), "partition": p,
+                    "topic": name})
+    return out
+
+
+def expected(total: int) -> Counter:
+    """(topic, partition) -> how many records of the first `total` went there."""
+    return Counter(where(i) for i in range(total))
+
+
+@dataclass
+class Audit:
+    """What the destination holds of the source's records, by (topic, partition, offset)."""
+    written: Counter = field(default_factory=Counter)  # (t, p, offset) -> copies
+    values: dict = field(default_factory=dict)         # (t, p, offset) -> value
+    misplaced: list = field(default_factory=list)      # provenance that disagrees
+    missing: dict = field(default_factory=dict)        # (t, p, offset) -> reasons
+    events: list = field(default_factory=list)
+
+    def take(self, m) -> None:
+        if m.topic() == "missing":
+            e, offsets = missing_event(m)
+            self.events.append(e)
+            for o in offsets:
+                self.missing.setdefault((e["sourceTopic"], e["sourcePartition"], o),
+                                        []).append(e["reason"])
+            return
+        h = dict(m.headers())
+        key = (h["sourceTopic"].decode(), int(h["sourcePartition"]), int(h["sourceOffset"]))
+        self.written[key] += 1
+        self.values[key] = m.value()
+        name, p = m.value().split(b"/")[:2]
+        if (m.topic(), m.partition()) != ("dst_" + key[0], key[1]) or \
+                (name.decode(), int(p)) != key[:2]:
+            self.misplaced.append((m.topic(), m.partition(), key, m.value()))
+
+    def silent(self, counts: Counter) -> set:
+        """Source records neither written nor reported missing."""
+        return {(t, p, o) for (t, p), n in counts.items() for o in range(n)} - \
+            set(self.written) - set(self.missing)
+
+    def extra(self, counts: Counter) -> set:
+        """Written records that are no source record."""
+        return {k for k in self.written if k[2] >= counts.get(k[:2], 0)}
+
+    @property
+    def duplicates(self) -> list:
+        return [k for k, n in self.written.items() if n > 1]
+
+    @property
+    def false_missing(self) -> set:
+        return set(self.written) & set(self.missing)
+
+    @property
+    def reported_twice(self) -> list:
+        return [k for k, reasons in self.missing.items() if len(reasons) > 1]
+
+    def summary(self, counts: Counter) -> str:
+        silent = sorted(self.silent(counts))
+        return (f"written {len(self.written)}, missing {len(self.missing)}, silent "
+                f"{len(silent)} {silent[:10]}, false missing "
+                f"{sorted(self.false_missing)[:10]}, duplicates {self.duplicates[:10]}, "
+                f"misplaced {self.misplaced[:5]}, extra {sorted(self.extra(counts))[:5]}, "
+                f"events {len(self.events)} {self.events[:10]}")
+
+
+def audit(dst: str, counts: Counter, timeout: float, idle: float = 3.0) -> Audit:
+    """Read every destination topic (and the missing-records topic) until each source record
+    is written or reported (then `idle` seconds more, for extras), or `timeout`."""
+    a = Audit()
+    read_until(dst, ["dst_" + topic(t) for t in range(TOPICS)] + ["missing"], a.take,
+               lambda: not a.silent(counts), timeout, idle)
+    return a
+
+
+def once_or_reported(a: Audit, counts: Counter, receiver) -> str:
+    """Every source record written once where it belongs, or reported missing and not
+    written; nothing written that is no source record. The receiver's log."""
+    out = receiver.output()
+    assert not a.silent(counts), f"lost silently: {a.summary(counts)}\n{out[-5000:]}"
+    assert not a.duplicates, f"written twice: {a.summary(counts)}"
+    assert not a.misplaced, f"in the wrong place: {a.summary(counts)}"
+    assert not a.extra(counts), f"records of no source offset: {a.summary(counts)}"
+    assert not a.false_missing, f"written yet reported missing: {a.summary(counts)}"
+    return out
+
+
+class SpreadStream:
+    """Records produced at `rate` per second in a thread, each to its partition (where),
+    remembering when, so that the test knows how many came while the receiver was down."""
+
+    def __init__(self, bootstrap: str, start: int, total: int, rate: int):
+        self.bootstrap, self.start_at, self.total, self.rate = bootstrap, start, total, rate
+        self.produced_at: list = []  # (time.monotonic() once acknowledged, records so far)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        chunk = max(1, self.rate // 10)
+        next_at = time.monotonic()
+        for start in range(self.start_at, self.total, chunk):
+            end = min(start + chunk, self.total)
+            produce(self.bootstrap, None, records(start, end))
+            self.produced_at.append((time.monotonic(), end))
+            next_at += 0.1
+            time.sleep(max(0.0, next_at - time.monotonic()))  # (pacing: `rate` per second)
+
+    def join(self):
+        self.thread.join(180)
+        assert not self.thread.is_alive(), "the source stream did not finish"
+
+    def produced_between(self, start: float, end: float) -> int:
+        before = [n for t, n in self.produced_at if t < start]
+        until = [n for t, n in self.produced_at if t <= end]
+        return (until[-1] if until else self.start_at) - \
+            (before[-1] if before else self.start_at)
+
+
+def test_a_thousand_partitions_every_record_once_and_a_receiver_restart_accounted_exactly(
+        tmp_path, brokers, launch):
+    """Two phases on the same 1 000 partitions (their creation is most of the cost: one
+    test, not two). First, 5 records in each partition, there before the sender starts: each
+    arrives once, in the destination topic and partition of its source, offsets 0..4 of every
+    partition exactly once, nothing reported missing. Then records stream over all the
+    partitions while the whole receiver side is stopped (SIGTERM) and started again: every
+    record is in the destination once, or reported missing (receiver-down) once and then not
+    written; none lost unreported, none reported that arrived; no more reported than the
+    stream produced while the receiver was away."""
+    src, dst = brokers
+    first, total, rate = 5 * PARTITIONS, 12 * PARTITIONS, 500
+    began = time.monotonic()
+    create_many(src.bootstrap)
+    produce(src.bootstrap, None, records(0, first))
+    topo = durable_topology(tmp_path, src, dst,
+                            sender={"topics": [], "topics.regex": [REGEX]})
+    receiver = launch(topo, side="receiver", workers=5)
+    sender = launch(topo, side="sender", workers=3)
+    launched = time.monotonic()
+    wait_for(lambda: receiver.metric("records", "kafka_writer") >= first, 240,
+             f"every record written\n{receiver.output()[-3000:]}")
+    copied = time.monotonic()
+    counts = expected(first)
+    a = audit(dst.bootstrap, counts, timeout=120)
+    out = once_or_reported(a, counts, receiver)
+    assert not a.missing, f"reported missing: {a.summary(counts)}\n{out[-5000:]}"
+    assert len(counts) == PARTITIONS and set(counts.values()) == {5}
+    # the values are the records produced to each offset's partition, each once
+    assert sorted(a.values.values()) == sorted(r["value"] for r in records(0, first))
+    audited = time.monotonic()
+
+    stream = SpreadStream(src.bootstrap, first, total, rate)
+    time.sleep(2)  # (records of the stream cross before the receiver goes)
+    went = time.monotonic()
+    assert receiver.stop() == 0
+    time.sleep(3)  # (the outage under test: the sender sends, nothing receives)
+    receiver = launch(topo, side="receiver", workers=5)
+    back = time.monotonic()
+    stream.join()
+    counts = expected(total)
+    a = audit(dst.bootstrap, counts, timeout=180)
+    print(f"\n1 000 partitions: created and {first} produced in {launched - began:.1f} s, "
+          f"written in {copied - launched:.1f} s, read back in {audited - copied:.1f} s; "
+          f"receiver away {back - went:.1f} s, all accounted for "
+          f"{time.monotonic() - back:.1f} s after it was back: {len(a.written)} written, "
+          f"{len(a.missing)} reported missing")
+    out = once_or_reported(a, counts, receiver)
+    assert not a.reported_twice, f"reported twice: {a.reported_twice[:5]}"
+    assert a.missing, "records sent while the receiver was down cannot have arrived"
+    assert {r for reasons in a.missing.values() for r in reasons} == {"receiver-down"}, \
+        ([e for e in a.events if e.get("reason") != "receiver-down"], out[-8000:])
+    assert len(a.missing) <= stream.produced_between(went - 2, back), a.summary(counts)
+    assert sender.stop() == 0 and receiver.stop() == 0
