@@ -6,8 +6,10 @@ Records go to the partitions in turn (record i to partition i mod 1 000 in the o
 topic-major: t000[0], t001[0], ..., t199[0], t000[1], ...), so that any few consecutive records
 touch as many topics as records: the case where records are spread thinnest.
 
-Both brokers hold 1 000 partitions, so the test runs on both. Its cost is the partitions, not
-the records: one test of two phases, so that the source's 1 000 partitions and the 1 000 the
+Both brokers hold 1 000 partitions, but the test runs on Tansu alone in ./scripts/test: on Apache
+Kafka the broker's own partition creation (below) takes minutes, past what the suite's 40 minutes
+leave (a first-phase version passed on Kafka: 10 000 records in 216 s, 67 s of it creating and
+producing). Its cost is the partitions, not the records: one test of two phases, so that the source's 1 000 partitions and the 1 000 the
 receiver creates at the destination are made once. Measured on the shared 2-core machine
 under a load average of 30 to 55 (2026-11-27): on Tansu 285 s (the source's topics created
 and 5 000 records produced in 11 s; the 5 000 written 87 s after the launch; the restart's
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from tests.conftest import client, missing_event, produce, read_until, wait_for
+from tests.conftest import client, missing_event, only_on, produce, read_until, wait_for
 from tests.integration.test_durability import durable_topology
 
 TOPICS, PER_TOPIC = 200, 5
@@ -185,6 +187,7 @@ class SpreadStream:
             (before[-1] if before else self.start_at)
 
 
+@only_on("tansu")  # (Apache Kafka's partition creation alone is minutes: see the module)
 def test_a_thousand_partitions_every_record_once_and_a_receiver_restart_accounted_exactly(
         tmp_path, brokers, launch):
     """Two phases on the same 1 000 partitions (their creation is most of the cost: one
