@@ -141,8 +141,9 @@ def parse_args(argv):
                          "top frames by self time per stage")
     ap.add_argument("--meter-interval", type=float, default=0.1,
                     help="seconds between two readings of offsets (default 0.1)")
-    ap.add_argument("--first-timeout", type=float, default=60.0,
-                    help="seconds the first record may take to arrive")
+    ap.add_argument("--first-timeout", type=float, default=None,
+                    help="seconds the first record may take to arrive (default 60; 600 with "
+                         "--partitions: a startup over thousands of partitions is measured)")
     ap.add_argument("--idle-timeout", type=float, default=35.0,
                     help="seconds without a new record before a run counts as ended (lossy); "
                          "longer than sender.inflight.timeout.seconds (30) so a reader's rewind "
@@ -162,6 +163,8 @@ def parse_args(argv):
     if args.path == "veth" and args.mode not in ("sender", "receiver"):
         ap.error("--path veth measures one side alone: --mode sender or --mode receiver")
     spread.check_arguments(ap, args)
+    if args.first_timeout is None:
+        args.first_timeout = 600.0 if args.partitions else 60.0
     if args.records_small is None:
         args.records_small = 50000 if args.partitions else 200000
     return args

@@ -112,7 +112,7 @@ def _relay(c: Consumer, dst: str, dest_of, count: int) -> int:
                      (m.value(), m.key(), m.partition(), ts if ts_type else 0), headers)
         done += len(msgs)
         p.poll(0)
-    left = p.flush(60)
+    left = p.flush(300)  # a destination of thousands of partitions on a loaded machine is slow
     c.close()
     print(f"relayed {done} record(s), {left} unconfirmed", flush=True)
     return _stay(done >= count and not left)

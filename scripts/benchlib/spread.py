@@ -31,8 +31,8 @@ import socket
 import threading
 import time
 
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from diode.kafka.brokers import free_port
 
@@ -169,10 +169,25 @@ def create_topics(bootstrap: str, topics: dict, timeout: float = 120.0) -> None:
         check_interrupted()
         md = admin.list_topics(timeout=30).topics
         if all(t in md and md[t].error is None and len(md[t].partitions) == n
-               for t, n in topics.items()):
+               for t, n in topics.items()) and _hosted(admin, topics):
             return
         time.sleep(0.5)
     raise RuntimeError(f"{len(topics)} topics did not all appear on {bootstrap}")
+
+
+def _hosted(admin, topics: dict) -> bool:
+    """Whether the broker answers ListOffsets for every partition: the metadata names a
+    partition's leader before a loaded broker has made its log (seconds to minutes for 1 000),
+    and a producer's requests to it time out meanwhile."""
+    futures = admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest()
+                                  for t, n in topics.items() for p in range(n)},
+                                 request_timeout=30)
+    try:
+        for f in futures.values():
+            f.result()
+    except KafkaException:
+        return False
+    return True
 
 
 def preproduce_spread(bootstrap: str, lay: Layout, count: int, size: int,
