@@ -144,10 +144,11 @@ def parse_args(argv):
     ap.add_argument("--first-timeout", type=float, default=None,
                     help="seconds the first record may take to arrive (default 60; 600 with "
                          "--partitions: a startup over thousands of partitions is measured)")
-    ap.add_argument("--idle-timeout", type=float, default=35.0,
+    ap.add_argument("--idle-timeout", type=float, default=None,
                     help="seconds without a new record before a run counts as ended (lossy); "
                          "longer than sender.inflight.timeout.seconds (30) so a reader's rewind "
-                         "can still complete the run (default 35)")
+                         "can still complete the run (default 35; 300 with --partitions, where "
+                         "the writer may wait minutes for its topics mid-copy)")
     spread.add_arguments(ap)
     ap.add_argument("--json", metavar="FILE", help="append one JSON line with every figure")
     ap.add_argument("--keep", action="store_true",
@@ -163,6 +164,8 @@ def parse_args(argv):
     if args.path == "veth" and args.mode not in ("sender", "receiver"):
         ap.error("--path veth measures one side alone: --mode sender or --mode receiver")
     spread.check_arguments(ap, args)
+    if args.idle_timeout is None:
+        args.idle_timeout = 300.0 if args.partitions else 35.0
     if args.first_timeout is None:
         args.first_timeout = 600.0 if args.partitions else 60.0
     if args.records_small is None:

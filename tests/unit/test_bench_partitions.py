@@ -35,12 +35,14 @@ def test_a_layout_names_its_topics_so_its_regex_takes_them_and_no_other_layouts(
 def test_the_partitions_options_default_and_refuse_what_cannot_be_laid_out():
     args = bench.parse_args(["--partitions", "1000"])
     assert (args.mode, args.topics, args.records_small) == ("partitions", 200, 50000)
+    assert (args.first_timeout, args.idle_timeout) == (600, 300)
     args = bench.parse_args(["--partitions", "1000", "--topics", "10",
                              "--against-partitions", "3", "--records-small", "7"])
     assert (args.topics, args.against_partitions, args.records_small) == (10, 3, 7)
     assert bench.parse_args(["--partitions", "3"]).topics == 1
     plain = bench.parse_args([])
     assert (plain.mode, plain.records_small, plain.partitions) == ("e2e", 200000, None)
+    assert (plain.first_timeout, plain.idle_timeout) == (60, 35)
     for bad in (["--partitions", "3", "--topics", "5"], ["--topics", "5"],
                 ["--against-partitions", "3"], ["--partitions", "0"],
                 ["--partitions", "10", "--mode", "sender"], ["--partitions", "10", "--live"],
