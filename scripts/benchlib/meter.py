@@ -55,11 +55,29 @@ class WatermarkMeter(_Progress):
         self.end = {(tp.topic, tp.partition): 0 for tp in self.tps}  # the end found so far
         self.tailed_at = None           # the reported offsets the last tail read started from
         self.tail_reads = 0
+        self.missing = {tp.topic for tp in self.tps}  # topics not seen in the metadata yet
+        self.next_look = 0.0
+
+    def _present(self) -> list:
+        """The partitions of the topics the broker's metadata has (looked at again every
+        second while some are missing: a system that creates its topics makes them one by
+        one)."""
+        now = time.monotonic()
+        if self.missing and now >= self.next_look:
+            self.next_look = now + 1.0
+            md = self.admin.list_topics(timeout=5).topics
+            self.missing = {t for t in self.missing
+                            if t not in md or md[t].error is not None or not md[t].partitions}
+        return [tp for tp in self.tps if tp.topic not in self.missing]
 
     def _list(self, spec) -> dict:
         """Each partition's offset; one not there yet (a topic the system has still to create)
         keeps what it had, 0 at first. Raises KafkaException when none answered."""
-        futures = self.admin.list_offsets({tp: spec for tp in self.tps}, request_timeout=5)
+        # one topic missing fails the whole request: ask only for the topics that exist
+        futures = self.admin.list_offsets({tp: spec for tp in self._present()},
+                                          request_timeout=5)
+        if not futures:
+            raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
         out, failures, error = {}, 0, None
         for tp, f in futures.items():
             key = (tp.topic, tp.partition)
@@ -69,6 +87,8 @@ class WatermarkMeter(_Progress):
                 out[key], failures, error = self.reported.get(key, 0), failures + 1, e
         if failures == len(futures):
             raise error
+        for tp in self.tps:  # the topics not there yet
+            out.setdefault((tp.topic, tp.partition), self.reported.get((tp.topic, tp.partition), 0))
         return out
 
     def poll(self, force_tail: bool = False) -> int:
