@@ -18,6 +18,12 @@ broker for every measurement. --mode picks what is measured (docs/performance.md
   once a second until the last record arrived, and whether it stayed flat after warm-up
   (scripts/benchlib/memory.py).
 
+--partitions N [--topics T] (issue 36) measures e2e with the records spread over N partitions
+of T topics, the sender picking them by sender.topics.regex: the copy rate against the relay on
+the same partitions (and, with --against-partitions M, against diode over M partitions in the
+same repeat), the startup to the first record written, both sides idle, a lone record's latency
+and every worker's RSS (scripts/benchlib/spread.py).
+
 Progress is read from offsets, never by consuming the records (scripts/benchlib/meter.py):
 destination watermarks, or committed offsets. --verify adds one exact count of distinct
 records after each run. CPU seconds are read with psutil for every process: diode's workers by
@@ -26,7 +32,7 @@ the sink or replayer and py-spy. --profile runs py-spy on every diode worker. A 
 and, with --json FILE, one JSON line with every figure. Speed is never asserted anywhere: this
 is a measurement, not a test.
 
-The subprocess modes (_relay, _consume, _produce, _sink, _replay, _live) are this file run
+The subprocess modes (_relay, _relay_many, _consume, _produce, _sink, _replay, _live) are this file run
 again.
 """
 
@@ -39,7 +45,7 @@ import sys
 import tempfile
 import time
 
-from benchlib import baselines, e2e, iperf, memory, net, receiver, report, sender, udp
+from benchlib import baselines, e2e, iperf, memory, net, receiver, report, sender, spread, udp
 from benchlib.profile import py_spy
 from benchlib.resources import INTERRUPTED, Bench, Resources, check_interrupted, log
 from benchlib.workload import SIZES, Source, create_topic, preproduce, warm_up_offsets
@@ -49,7 +55,8 @@ from diode.kafka.brokers import KINDS
 from diode.link import path as link_path
 
 MODES = {"e2e": e2e, "sender": sender, "receiver": receiver}
-SUBPROCESS_MODES = {"_relay": baselines.relay_main, "_consume": baselines.consume_main,
+SUBPROCESS_MODES = {"_relay": baselines.relay_main, "_relay_many": baselines.relay_many_main,
+                    "_consume": baselines.consume_main,
                     "_produce": baselines.produce_main, "_sink": udp.sink_main,
                     "_replay": udp.replay_main, "_live": baselines.live_main}
 
@@ -61,8 +68,8 @@ def parse_args(argv):
                          "the sender alone against a plain consumer, the receiver alone "
                          "against a plain producer, or all three; or memory: every diode "
                          "process's RSS over one stream through a reordering link-sim")
-    ap.add_argument("--records-small", type=int, default=200000,
-                    help="records of 100-byte values (default 200000)")
+    ap.add_argument("--records-small", type=int, default=None,
+                    help="records of 100-byte values (default 200000; 50000 with --partitions)")
     ap.add_argument("--records-large", type=int, default=20000,
                     help="records of 10 KiB values (default 20000)")
     ap.add_argument("--sizes", default="small,large", help="which sizes to run: small,large")
@@ -134,12 +141,15 @@ def parse_args(argv):
                          "top frames by self time per stage")
     ap.add_argument("--meter-interval", type=float, default=0.1,
                     help="seconds between two readings of offsets (default 0.1)")
-    ap.add_argument("--first-timeout", type=float, default=60.0,
-                    help="seconds the first record may take to arrive")
-    ap.add_argument("--idle-timeout", type=float, default=35.0,
+    ap.add_argument("--first-timeout", type=float, default=None,
+                    help="seconds the first record may take to arrive (default 60; 600 with "
+                         "--partitions: a startup over thousands of partitions is measured)")
+    ap.add_argument("--idle-timeout", type=float, default=None,
                     help="seconds without a new record before a run counts as ended (lossy); "
                          "longer than sender.inflight.timeout.seconds (30) so a reader's rewind "
-                         "can still complete the run (default 35)")
+                         "can still complete the run (default 35; 300 with --partitions, where "
+                         "the writer may wait minutes for its topics mid-copy)")
+    spread.add_arguments(ap)
     ap.add_argument("--json", metavar="FILE", help="append one JSON line with every figure")
     ap.add_argument("--keep", action="store_true",
                     help="keep the work dir (logs, metrics, captures)")
@@ -153,6 +163,13 @@ def parse_args(argv):
             ap.error(f"--datagram-bytes: a number or auto, not {args.datagram_bytes!r}")
     if args.path == "veth" and args.mode not in ("sender", "receiver"):
         ap.error("--path veth measures one side alone: --mode sender or --mode receiver")
+    spread.check_arguments(ap, args)
+    if args.idle_timeout is None:
+        args.idle_timeout = 300.0 if args.partitions else 35.0
+    if args.first_timeout is None:
+        args.first_timeout = 600.0 if args.partitions else 60.0
+    if args.records_small is None:
+        args.records_small = 50000 if args.partitions else 200000
     return args
 
 
@@ -228,14 +245,15 @@ def main(argv) -> int:
     signal.signal(signal.SIGINT, on_signal)
     modes = list(MODES) if args.mode == "all" else [args.mode]
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
-    if args.mode == "memory":  # one stream of --records, not the sizes
+    if args.mode in ("memory", "partitions"):  # their own streams, not the sizes
         sizes = []
     workers = {"kafka_reader": args.readers, "packer": args.packers, "udp_sender": 1,
                "udp_reader": 1, "unpacker": args.unpackers, "kafka_writer": args.writers}
     results = {
         "broker": args.broker,
         "machine": {"nproc": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform(), "rmem_max": net.rmem_max()},
+                    "platform": platform.platform(), "rmem_max": net.rmem_max(),
+                    "load_average": os.getloadavg()},
         "settings": {"compression": args.compression, "compressible": args.compressible,
                      "null_keys": args.null_keys,
                      "cipher": "aes-256-gcm", "datagram_bytes": args.datagram_bytes,
@@ -246,7 +264,8 @@ def main(argv) -> int:
         "value_bytes": {s: SIZES[s] for s in sizes},
         "modes": {mode: {"sizes": {}} for mode in modes if mode in MODES},
     }
-    log(f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {args.broker} brokers, "
+    log(f"{os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f}), Python "
+        f"{platform.python_version()}, {args.broker} brokers, "
         f"modes {', '.join(modes)}, work dir {b.work}")
     log("diode workers: " + ", ".join(f"{k}×{v}" for k, v in workers.items())
         + f"; aes-256-gcm, compression {args.compression}, datagrams {args.datagram_bytes} B, "
@@ -254,6 +273,8 @@ def main(argv) -> int:
     try:
         if args.mode == "memory":
             results["modes"]["memory"] = memory.run(b)
+        elif args.mode == "partitions":
+            results["modes"]["partitions"] = spread.run(b)
         else:
             if set(modes) & {"sender", "receiver"} and not args.no_anchor:
                 results["anchor"] = anchor(b)
@@ -269,6 +290,9 @@ def main(argv) -> int:
     for mode, result in results["modes"].items():
         if mode == "memory":
             report.print_memory(result)
+            continue
+        if mode == "partitions":
+            report.print_partitions(result)
             continue
         result["summary"] = report.summarise(result["sizes"])
         report.print_mode(mode, result, results["value_bytes"], args.broker)

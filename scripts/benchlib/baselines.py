@@ -3,6 +3,8 @@ mode, each a subprocess mode of bench.py measured exactly as diode is.
 
 - `_relay SRC DST TOPIC DEST_TOPIC COUNT` (e2e): consume -> produce in one process, the
   record's key, value, timestamp and headers plus the provenance headers, to the same partition.
+- `_relay_many SRC DST SPEC PREFIX COUNT` (--partitions): the same over every topic of SPEC (a
+  JSON file: name -> partitions), each to PREFIX + its name.
 - `_consume SRC TOPIC GROUP COUNT COMMIT_MS` (sender alone): reads the topic from the beginning
   in consume(1000) batches, touches each message's key, value and headers, and commits its
   positions every COMMIT_MS and at the end, as diode's kafka_reader does.
@@ -14,6 +16,7 @@ Producers use diode's own producer settings (diode.kafka.clients.producer_config
 stays after its work until SIGTERM, so the bench reads its CPU time as it does diode's.
 """
 
+import json
 import select
 import signal
 import sys
@@ -28,10 +31,15 @@ from .workload import PARTITIONS
 TOPIC_ID = b"AQIDBAUGBwgJCgsMDQ4PEA"  # an incarnation's text (sourceTopicId), 22 bytes
 
 
-def _consumer(bootstrap: str, topic: str, group: str = "bench-baseline") -> Consumer:
+def _consumer(bootstrap: str, topic: str, group: str = "bench-baseline",
+              topics: dict | None = None) -> Consumer:
+    """A consumer of every partition of `topic` (or of `topics`: name -> partitions) from the
+    beginning."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
                   "enable.auto.commit": False})
-    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    topics = topics or {topic: PARTITIONS}
+    c.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, n in topics.items()
+              for p in range(n)])
     return c
 
 
@@ -80,17 +88,31 @@ def relay_main(argv) -> int:
     """The e2e baseline: one process, consume -> produce, the same headers plus provenance."""
     src, dst, topic, dest_topic, count = argv[0], argv[1], argv[2], argv[3], int(argv[4])
     c = _consumer(src, topic, "bench-relay")
+    return _relay(c, dst, lambda _: dest_topic, count)
+
+
+def relay_many_main(argv) -> int:
+    """The relay of --partitions: every topic of a JSON file (name -> partitions), each to
+    PREFIX + its name, the same partition."""
+    src, dst, spec, prefix, count = argv[0], argv[1], argv[2], argv[3], int(argv[4])
+    with open(spec) as f:
+        topics = json.load(f)
+    c = _consumer(src, "", "bench-relay", topics)
+    return _relay(c, dst, lambda t: prefix + t, count)
+
+
+def _relay(c: Consumer, dst: str, dest_of, count: int) -> int:
     p = Producer(producer_config({"bootstrap.servers": dst}))  # the kafka_writer's settings
     done = 0
     for msgs in _batches(c, count):
         for m in msgs:
             headers = list(m.headers() or ()) + _provenance(m.topic(), m.partition(), m.offset())
             ts_type, ts = m.timestamp()
-            _produce(p, dest_topic, (m.value(), m.key(), m.partition(), ts if ts_type else 0),
-                     headers)
+            _produce(p, dest_of(m.topic()),
+                     (m.value(), m.key(), m.partition(), ts if ts_type else 0), headers)
         done += len(msgs)
         p.poll(0)
-    left = p.flush(60)
+    left = p.flush(300)  # a destination of thousands of partitions on a loaded machine is slow
     c.close()
     print(f"relayed {done} record(s), {left} unconfirmed", flush=True)
     return _stay(done >= count and not left)

@@ -65,6 +65,18 @@ class CpuWatch:
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 pass
 
+    def rss(self) -> dict:
+        """Resident memory now (bytes) of every live process of the tree, by label."""
+        self.sample()
+        out: dict[str, int] = {}
+        for pid, p in self.procs.items():
+            try:
+                name = self.label(p)
+                out[name] = out.get(name, 0) + p.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                pass
+        return dict(sorted(out.items()))
+
     def rebase(self) -> None:
         """From now on: CPU used so far by every process seen is not counted."""
         self.sample()

@@ -39,22 +39,57 @@ class _Progress:
 
 
 class WatermarkMeter(_Progress):
-    def __init__(self, bootstrap: str, topic: str, partitions: int = PARTITIONS):
+    def __init__(self, bootstrap: str, topic: str | None, partitions: int = PARTITIONS,
+                 tps: list | None = None):
+        """Every partition of `topic`, or the partitions `tps` (TopicPartitions, any topics)."""
         super().__init__()
-        self.tps = [TopicPartition(topic, p) for p in range(partitions)]
+        self.tps = tps if tps is not None else [TopicPartition(topic, p)
+                                                for p in range(partitions)]
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
         self.tail = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-meter",
                               "enable.auto.commit": False, "enable.partition.eof": True,
                               "fetch.wait.max.ms": 10})
-        self.low = {tp.partition: 0 for tp in self.tps}
-        self.reported: dict = {}        # partition -> "latest" as the broker reports it
-        self.end = {tp.partition: 0 for tp in self.tps}  # partition -> end found so far
+        # keyed by (topic, partition)
+        self.low = {(tp.topic, tp.partition): 0 for tp in self.tps}
+        self.reported: dict = {}        # "latest" as the broker reports it
+        self.end = {(tp.topic, tp.partition): 0 for tp in self.tps}  # the end found so far
         self.tailed_at = None           # the reported offsets the last tail read started from
         self.tail_reads = 0
+        self.missing = {tp.topic for tp in self.tps}  # topics not seen in the metadata yet
+        self.next_look = 0.0
+
+    def _present(self) -> list:
+        """The partitions of the topics the broker's metadata has (looked at again every
+        second while some are missing: a system that creates its topics makes them one by
+        one)."""
+        now = time.monotonic()
+        if self.missing and now >= self.next_look:
+            self.next_look = now + 1.0
+            md = self.admin.list_topics(timeout=5).topics
+            self.missing = {t for t in self.missing
+                            if t not in md or md[t].error is not None or not md[t].partitions}
+        return [tp for tp in self.tps if tp.topic not in self.missing]
 
     def _list(self, spec) -> dict:
-        futures = self.admin.list_offsets({tp: spec for tp in self.tps}, request_timeout=5)
-        return {tp.partition: f.result().offset for tp, f in futures.items()}
+        """Each partition's offset; one not there yet (a topic the system has still to create)
+        keeps what it had, 0 at first. Raises KafkaException when none answered."""
+        # one topic missing fails the whole request: ask only for the topics that exist
+        futures = self.admin.list_offsets({tp: spec for tp in self._present()},
+                                          request_timeout=5)
+        if not futures:
+            raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+        out, failures, error = {}, 0, None
+        for tp, f in futures.items():
+            key = (tp.topic, tp.partition)
+            try:
+                out[key] = f.result().offset
+            except KafkaException as e:
+                out[key], failures, error = self.reported.get(key, 0), failures + 1, e
+        if failures == len(futures):
+            raise error
+        for tp in self.tps:  # the topics not there yet
+            out.setdefault((tp.topic, tp.partition), self.reported.get((tp.topic, tp.partition), 0))
+        return out
 
     def poll(self, force_tail: bool = False) -> int:
         try:
@@ -79,24 +114,24 @@ class WatermarkMeter(_Progress):
 
     def _read_tail(self, reported: dict, timeout: float = 5.0) -> None:
         """Each written partition from its reported "latest" - 1 to the end of the partition."""
-        start = [TopicPartition(tp.topic, tp.partition, max(self.low[tp.partition],
-                                                              reported[tp.partition] - 1))
-                 for tp in self.tps if reported[tp.partition] > self.low[tp.partition]]
+        start = [TopicPartition(t, p, max(self.low[(t, p)], reported[(t, p)] - 1))
+                 for t, p in self.end if reported[(t, p)] > self.low[(t, p)]]
         self.tailed_at = dict(reported)
         if not start:
             return
         self.tail_reads += 1
         self.tail.assign(start)
-        open_ = {tp.partition for tp in start}
+        open_ = {(tp.topic, tp.partition) for tp in start}
         deadline = time.monotonic() + timeout
         try:
             while open_ and time.monotonic() < deadline:
                 for m in self.tail.consume(1000, 0.2):
                     err = m.error()
+                    key = (m.topic(), m.partition())
                     if err is None:
-                        self.end[m.partition()] = max(self.end[m.partition()], m.offset() + 1)
+                        self.end[key] = max(self.end[key], m.offset() + 1)
                     elif err.code() == KafkaError._PARTITION_EOF:
-                        open_.discard(m.partition())
+                        open_.discard(key)
         finally:
             self.tail.unassign()
         if open_:

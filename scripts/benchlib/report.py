@@ -225,3 +225,62 @@ def print_anchor(found: dict, path: str) -> None:
           f"{found['sender_mbps']:,.0f} Mbit/s, received {found['receiver_mbps']:,.0f} Mbit/s "
           f"({found['datagrams_per_second']:,.0f} datagrams/s, {found['lost_percent']:.1f} % "
           f"lost)")
+
+
+def print_partitions(result: dict, file=sys.stdout) -> None:
+    """--partitions: per run, the copy's rate and its ratios, startup, idle, a lone record's
+    latency and the largest worker; then every worker's RSS and idle share."""
+    def p(line=""):
+        print(line, file=file)
+
+    mib = 1 << 20
+    p()
+    p(f"== partitions: {result['records']:,} records of {result['value_bytes']} B spread over "
+      + " and over ".join(lay["label"] for lay in result["layouts"])
+      + ", Apache Kafka or Tansu as --broker; both sides launched, sender.topics.regex")
+    p(f"copied: from launch until the last record is in the destination; ratio: against the "
+      f"relay on the same partitions (relay) and against diode over the other layout of the "
+      f"same repeat (layout); startup: launch to the first record seen in the destination; "
+      f"idle: both sides, {result['idle_seconds']:g} s after the copy, % of one core; lone: "
+      f"{result['lone_records']} records, one every {result['lone_interval_ms']:g} ms, "
+      "produce to arrival, p50/p99 ms (arrived/sent)")
+    p(f"{'run':>3} {'partitions':>10} {'system':<6} {'missing':>7} {'copied s':>8} "
+      f"{'records/s':>10} {'relay':>5} {'layout':>6} {'startup s':>9} {'idle %':>6} "
+      f"{'lone p50/p99 ms':>16} {'arrived':>9} {'largest RSS':>24}")
+    ratios = {s["run"]: s for s in result["summary"]["runs"]}
+    for r in result["rows"]:
+        s = ratios.get(r["run"], {})
+        mine = not r["baseline"] and r["partitions"] == result["layouts"][0]["partitions"]
+        rel = s.get("against_relay") if mine else None
+        lay = s.get("against_partitions") if mine else None
+        lone = r.get("lone") or {}
+        rss = r.get("rss_bytes") or {}
+        big = max(rss.items(), key=lambda kv: kv[1]) if rss else None
+        idle = r.get("idle_core")
+        cells = ["-" if rel is None else f"{rel:.2f}", "-" if lay is None else f"{lay:.2f}",
+                 "-" if r.get("startup_seconds") is None else f"{r['startup_seconds']:.1f}",
+                 "-" if idle is None else f"{100 * idle:.1f}",
+                 _ms(lone.get("p50_ms")) + "/" + _ms(lone.get("p99_ms")),
+                 f"{lone['arrived']}/{lone['sent']}" if lone.get("sent") else "-",
+                 f"{big[0]} {big[1] / mib:.0f} MiB" if big else "-"]
+        p(f"{r['run']:>3} {r['partitions']:>10} {r['system']:<6} {r['missing']:>7} "
+          f"{r['seconds']:>8.1f} {rate(r)[0]:>10,.0f} {cells[0]:>5} {cells[1]:>6} "
+          f"{cells[2]:>9} {cells[3]:>6} {cells[4]:>16} {cells[5]:>9} {cells[6]:>24}")
+    for r in result["rows"]:
+        if r["baseline"]:
+            continue
+        p(f"  run {r['run']}, {r['partitions']} partitions: RSS MiB: " + ", ".join(
+            f"{k} {v / mib:.0f}" for k, v in (r.get("rss_bytes") or {}).items()))
+        src = (r.get("lone") or {}).get("source") or {}
+        p(f"  {'':>{len(str(r['run'])) + 4}}  lone record at the source (Kafka alone): p50/p99 "
+          f"{_ms(src.get('p50_ms'))}/{_ms(src.get('p99_ms'))} ms; load average "
+          f"{(r.get('load_average') or [0])[0]:.1f}")
+        p(f"  {'':>{len(str(r['run'])) + 4}}  idle % of a core: " + ", ".join(
+            f"{k} {100 * v:.2f}" for k, v in (r.get("idle_per_process") or {}).items()))
+        if r["ended"] != "complete":
+            p(f"  ended: {r['ended']}")
+    p()
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.0f}"

@@ -25,6 +25,8 @@ PYTHON = sys.executable
 # Set by the SIGINT/SIGTERM handler. The handler also raises KeyboardInterrupt, but a signal that
 # lands inside a librdkafka call can be swallowed there, so the loops check this flag too.
 INTERRUPTED: list = []
+# A JVM broker starts in 5 to 20 s here; on a machine shared with test runs it took over 60.
+BROKER_START_SECONDS = 180.0
 
 
 def check_interrupted() -> None:
@@ -67,7 +69,7 @@ class Resources:
                         os.path.join(workdir, f"{name}.log"),
                         where=self.bed.run_in([]) if low else ())
         self.brokers.append(b)
-        b.start()
+        b.start(BROKER_START_SECONDS)
         return b
 
     def stop_broker(self, b: EmbeddedBroker) -> None:
