@@ -207,6 +207,7 @@ class Stage:
         self.replay_request = None
         self.inputs = Inputs()
         self.timers = Timers()
+        self._ready: list = []  # the declared inputs poll_input found ready, for take_input
         self._quiet_since = None
         self._outboxes: list = []
 
