@@ -16,7 +16,14 @@ broker for every measurement. --mode picks what is measured (docs/performance.md
 - memory: `--side receiver` and `--side sender` with `diode link-sim` between them reordering
   --reorder of the datagrams, --records records of --record-bytes: every diode process's RSS
   once a second until the last record arrived, and whether it stayed flat after warm-up
-  (scripts/benchlib/memory.py).
+  (scripts/benchlib/memory.py);
+- writer: a kafka_writer made in this process (no broker) holding --partitions N partitions
+  (1 000 and 10 000 when not given), --busy of them with a run waiting: CPU per call of its
+  expiry, an idle turn, its metrics and a checkpoint (scripts/benchlib/writer_cost.py);
+- startup: startup's parts alone on two brokers of --broker's kind, over --partitions N of
+  --topics T (10 000 of 2 000 when not given): the sender's PartitionWatcher's first look, a
+  metadata look, the receiver's Preparer creating as many destination topics (and asked
+  again), the MetadataSync following them (scripts/benchlib/startup.py).
 
 --partitions N [--topics T] (issue 36) measures e2e with the records spread over N partitions
 of T topics, the sender picking them by sender.topics.regex: the copy rate against the relay on
@@ -45,7 +52,8 @@ import sys
 import tempfile
 import time
 
-from benchlib import baselines, e2e, iperf, memory, net, receiver, report, sender, spread, udp
+from benchlib import (baselines, e2e, iperf, memory, net, receiver, report, sender, spread,
+                      startup, udp, writer_cost)
 from benchlib.profile import py_spy
 from benchlib.resources import INTERRUPTED, Bench, Resources, check_interrupted, log
 from benchlib.workload import SIZES, Source, create_topic, preproduce, warm_up_offsets
@@ -55,6 +63,11 @@ from diode.kafka.brokers import KINDS
 from diode.link import path as link_path
 
 MODES = {"e2e": e2e, "sender": sender, "receiver": receiver}
+# the modes with a run of their own (not per record size): module, and how it prints
+OWN_MODES = {"memory": (memory, report.print_memory),
+             "partitions": (spread, report.print_partitions),
+             "writer": (writer_cost, writer_cost.print_table),
+             "startup": (startup, None)}
 SUBPROCESS_MODES = {"_relay": baselines.relay_main, "_relay_many": baselines.relay_many_main,
                     "_consume": baselines.consume_main,
                     "_produce": baselines.produce_main, "_sink": udp.sink_main,
@@ -63,11 +76,14 @@ SUBPROCESS_MODES = {"_relay": baselines.relay_main, "_relay_many": baselines.rel
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--mode", default="e2e", choices=(*MODES, "all", "memory"),
+    ap.add_argument("--mode", default="e2e", choices=(*MODES, "all", "memory", "writer", "startup"),
                     help="what to measure (default e2e): diode end to end against a relay, "
                          "the sender alone against a plain consumer, the receiver alone "
                          "against a plain producer, or all three; or memory: every diode "
-                         "process's RSS over one stream through a reordering link-sim")
+                         "process's RSS over one stream through a reordering link-sim; "
+                         "writer: a kafka_writer's CPU per call over --partitions partitions "
+                         "(no broker); startup: startup's parts alone over --partitions "
+                         "partitions of --topics topics")
     ap.add_argument("--records-small", type=int, default=None,
                     help="records of 100-byte values (default 200000; 50000 with --partitions)")
     ap.add_argument("--records-large", type=int, default=20000,
@@ -150,6 +166,10 @@ def parse_args(argv):
                          "can still complete the run (default 35; 300 with --partitions, where "
                          "the writer may wait minutes for its topics mid-copy)")
     spread.add_arguments(ap)
+    ap.add_argument("--busy", type=int, default=10,
+                    help="--mode writer: partitions with a run waiting (default 10)")
+    ap.add_argument("--startup-skip", default="", metavar="PART,...",
+                    help="--mode startup: parts not measured, of " + ",".join(startup.PARTS))
     ap.add_argument("--json", metavar="FILE", help="append one JSON line with every figure")
     ap.add_argument("--keep", action="store_true",
                     help="keep the work dir (logs, metrics, captures)")
@@ -163,7 +183,10 @@ def parse_args(argv):
             ap.error(f"--datagram-bytes: a number or auto, not {args.datagram_bytes!r}")
     if args.path == "veth" and args.mode not in ("sender", "receiver"):
         ap.error("--path veth measures one side alone: --mode sender or --mode receiver")
-    spread.check_arguments(ap, args)
+    if args.mode in ("writer", "startup"):
+        check_partition_modes(ap, args)
+    else:
+        spread.check_arguments(ap, args)
     if args.idle_timeout is None:
         args.idle_timeout = 300.0 if args.partitions else 35.0
     if args.first_timeout is None:
@@ -171,6 +194,30 @@ def parse_args(argv):
     if args.records_small is None:
         args.records_small = 50000 if args.partitions else 200000
     return args
+
+
+def check_partition_modes(ap, args) -> None:
+    """--mode writer takes --partitions and --busy; --mode startup --partitions, --topics and
+    --startup-skip (a list of its parts); neither takes --against-partitions."""
+    if args.against_partitions is not None or (args.mode == "writer" and args.topics):
+        ap.error(f"--mode {args.mode} takes --partitions" +
+                 (" and --topics" if args.mode == "startup" else " and --busy"))
+    if args.mode == "writer" and args.partitions is not None and args.partitions < 1:
+        ap.error("--partitions: at least 1")
+    if args.mode == "writer" and not 0 <= args.busy <= (args.partitions or args.busy):
+        ap.error("--busy: between 0 and --partitions")
+    if args.mode == "startup":
+        args.partitions = args.partitions or startup.DEFAULT_PARTITIONS
+        args.topics = args.topics or spread.default_topics(args.partitions)
+        try:
+            spread.layout(args.partitions, args.topics)
+        except ValueError as e:
+            ap.error(f"--partitions/--topics: {e}")
+    skip = [p.strip() for p in args.startup_skip.split(",") if p.strip()]
+    if set(skip) - set(startup.PARTS):
+        ap.error(f"--startup-skip: parts of {','.join(startup.PARTS)}, not "
+                 f"{','.join(sorted(set(skip) - set(startup.PARTS)))}")
+    args.startup_skip = skip
 
 
 def setup(args) -> Bench:
@@ -245,7 +292,7 @@ def main(argv) -> int:
     signal.signal(signal.SIGINT, on_signal)
     modes = list(MODES) if args.mode == "all" else [args.mode]
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
-    if args.mode in ("memory", "partitions"):  # their own streams, not the sizes
+    if args.mode in OWN_MODES:  # their own streams, not the sizes
         sizes = []
     workers = {"kafka_reader": args.readers, "packer": args.packers, "udp_sender": 1,
                "udp_reader": 1, "unpacker": args.unpackers, "kafka_writer": args.writers}
@@ -271,10 +318,8 @@ def main(argv) -> int:
         + f"; aes-256-gcm, compression {args.compression}, datagrams {args.datagram_bytes} B, "
           f"receive buffer {args.receive_buffer} B")
     try:
-        if args.mode == "memory":
-            results["modes"]["memory"] = memory.run(b)
-        elif args.mode == "partitions":
-            results["modes"]["partitions"] = spread.run(b)
+        if args.mode in OWN_MODES:
+            results["modes"][args.mode] = OWN_MODES[args.mode][0].run(b)
         else:
             if set(modes) & {"sender", "receiver"} and not args.no_anchor:
                 results["anchor"] = anchor(b)
@@ -288,11 +333,9 @@ def main(argv) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         b.res.close()
     for mode, result in results["modes"].items():
-        if mode == "memory":
-            report.print_memory(result)
-            continue
-        if mode == "partitions":
-            report.print_partitions(result)
+        if mode in OWN_MODES:
+            if OWN_MODES[mode][1] is not None:
+                OWN_MODES[mode][1](result)
             continue
         result["summary"] = report.summarise(result["sizes"])
         report.print_mode(mode, result, results["value_bytes"], args.broker)

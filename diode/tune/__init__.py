@@ -6,6 +6,8 @@ a short bench; and advice for a running launch. docs/tuning.md is the guidance b
 - measure: each stage's CPU per record and per datagram, on the topology's real pipeline;
 - edit: the plan as a change to the topology file, comments and layout kept (ruamel.yaml);
 - live: which stage of a running launch to widen or narrow, from its metrics;
+- partitions: what the source's partition count changes (heartbeat claims, the writers' share,
+  a checkpoint's cost);
 - command: the CLI.
 """
 

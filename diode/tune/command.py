@@ -15,7 +15,7 @@ from diode.runtime import topology as topo
 from diode.errors import DiodeError
 from diode.link.path import IPV4_UDP
 from diode.runtime.topology import PIPELINES, SIDES
-from diode.tune import edit, live
+from diode.tune import edit, live, partitions
 from diode.tune.decide import UTILISATION, Machine, decide
 from diode.tune.machine import pacing_advice, read_machine, sysctl_advice
 from diode.tune.measure import (MEASURE_SECONDS, WARMUP_SECONDS, Bench, Measured, measure,
@@ -123,6 +123,10 @@ def table(advice: dict) -> str:
                      f"{c['why']})")
     if a.get("pacing"):
         lines.append(f"sender: {a['pacing']}")
+    p = a.get("partitions")
+    if p is not None:
+        lines += partitions.lines(p) if p["partitions"] is not None else \
+            [f"partitions: not known ({p['why']})"]
     return "\n".join(lines)
 
 
@@ -223,6 +227,30 @@ def _rate(text: str, mean_size: float) -> float:
     return Rate.parse(text, mean_size).records_per_second
 
 
+def partition_advice(t, given: int | None, bench: Bench, plan: dict) -> dict:
+    """diode.tune.partitions' advice for the partition count given (--partitions), else the
+    source's (read where the measurement ran on the topology's own source cluster), with the
+    instances the plan proposes; {"partitions": None, "why": ...} when there is no count."""
+    if given is not None:
+        count, where = given, "--partitions"
+    elif bench.started or bench.side == "receiver":
+        why = ("the receiving host does not reach the source cluster" if bench.side ==
+               "receiver" else "measured on embedded brokers of its own, not on the topology's "
+               "source cluster")
+        return {"partitions": None, "why": f"{why}; --partitions N says what N changes"}
+    else:
+        try:
+            count, where = partitions.count(t), "the sender's topics on the source cluster"
+        except DiodeError as exc:  # (it answered the measurement: a lapse, not a reason to fail)
+            return {"partitions": None, "why": str(exc)}
+    readers, writers = (plan.get(side, {}).get(stage, {}).get("instances")
+                        or t.stage(side, stage).instances
+                        for side, stage in (("sender", "kafka_reader"),
+                                            ("receiver", "kafka_writer")))
+    return partitions.advise(t, count, where, partitions.checkpoint_cost(-(-count // writers))
+                             if count else None, readers=readers, writers=writers)
+
+
 def main(args) -> int:
     if args.live:
         return _live(args)
@@ -230,6 +258,8 @@ def main(args) -> int:
         raise DiodeError("diode tune: give the topology (or --live for a running launch)")
     if args.rate is None:
         raise DiodeError("diode tune: --rate is required (records/s, or Mbit/s as 50mbps)")
+    if args.partitions is not None and args.partitions < 0:
+        raise DiodeError(f"diode tune: --partitions {args.partitions}: 0 or more")
     t = topo.for_this_host(topo.load(args.topology))
     text = Path(args.topology).read_text()
     raw = yaml.safe_load(text)
@@ -258,6 +288,7 @@ def main(args) -> int:
             f"{2 * (args.seconds + WARMUP_SECONDS + 4):.0f} s)")
         measured = measure(t, raw, mix, at, bench, args.seconds, say)
         advice = advise(t, measured, rate, machine, facts, args.utilisation, side=side)
+        advice["partitions"] = partition_advice(t, args.partitions, bench, advice["topology"])
         new = edit.proposed_text(text, advice["topology"])
         advice["diff"] = edit.diff(args.topology, text, new)
         if args.verify and advice["max_rate"] < 1:
@@ -309,6 +340,10 @@ def add_parser(sub) -> None:
                    "side's cluster is asked (at both ends of the pipeline measured), the "
                    "other's never (across a diode each host reaches its own); default both, "
                    "which needs both clusters or embedded brokers")
+    p.add_argument("--partitions", type=int, default=None, metavar="N",
+                   help="the source partitions to plan for (default: the sender's topics' on "
+                   "the source cluster, when the measurement runs there): what heartbeats, "
+                   "writers and checkpoints cost at that count")
     p.add_argument("--utilisation", type=float, default=UTILISATION,
                    help=f"highest load of any core (default {UTILISATION})")
     p.add_argument("--write", action="store_true", help="apply the plan to the topology file, "

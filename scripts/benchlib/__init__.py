@@ -11,5 +11,8 @@
 - udp: the UDP sink (counts or captures datagrams) and the replayer (sends a capture);
 - baselines: the plain processes diode is compared with (relay, consumer, producer);
 - e2e, sender, receiver: the measurement modes; memory: RSS per worker over a reordering link;
+- spread: --partitions, end to end over many partitions; writer_cost: --mode writer, a
+  kafka_writer's CPU per call by partitions held; startup: --mode startup, startup's parts
+  alone over many partitions;
 - report: the table per mode and the JSON line.
 """

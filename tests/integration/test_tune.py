@@ -31,6 +31,9 @@ def test_tune_measures_the_demo_topology_writes_the_plan_and_proves_it(tmp_path)
     advice = json.loads(r.stdout)
     assert advice["bottleneck"] and "sysctl" in advice
     assert all(w["records"] > 0 for w in advice["measured"]["windows"])
+    # measured on embedded brokers: no source to count, and it says what to give
+    assert advice["partitions"]["partitions"] is None
+    assert "--partitions N" in advice["partitions"]["why"]
     if advice["max_rate"] == 0:  # other work holds every core at the limit: it says so (and
         # plans no stage)
         assert r.returncode == 1 and "verify" not in advice, r.stderr[-2000:]
@@ -146,8 +149,8 @@ def test_the_receiving_host_measures_its_side_with_the_source_cluster_never_aske
         path = write_topology(tmp_path, trap.address, own.bootstrap)
         r = subprocess.run([sys.executable, "-m", "diode", "tune", str(path), "--side",
                             "receiver", "--rate", "1000", "--record-size", "200", "--seconds",
-                            "1", "--json"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=300)
+                            "1", "--partitions", "1000", "--json"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
     finally:
         trap.close()
     # (exit 1: no rate fits on a machine this busy; its advice is printed all the same)
@@ -157,6 +160,11 @@ def test_the_receiving_host_measures_its_side_with_the_source_cluster_never_aske
     assert all(w["records"] > 0 for w in advice["measured"]["windows"])
     assert set(advice["topology"]) == {"receiver"} and set(advice["sides"]) == {"receiver"}
     assert trap.connections == 0  # the source cluster: never asked
+    # the partition count it cannot read there is given: what it changes on this side
+    p = advice["partitions"]
+    assert (p["partitions"], p["from"]) == (1000, "--partitions")
+    assert p["kafka_writer"]["partitions_each"] == -(-1000 // p["kafka_writer"]["instances"])
+    assert p["checkpoint"]["seconds"] > 0
     if advice["max_rate"] > 0:  # (else other work holds every core at the limit: no plan)
         assert set(advice["stages"]) == {"udp_reader", "unpacker", "kafka_writer"}
         assert all(p["cost_us_per_record"] > 0 for p in advice["stages"].values()), advice
@@ -166,10 +174,14 @@ def test_the_receiving_host_measures_its_side_with_the_source_cluster_never_aske
 def test_the_sending_hosts_bench_runs_on_the_source_cluster_alone(tmp_path, start_brokers):
     """The reverse, at the bench (the measurement itself is the one above): `--side sender`
     runs the pipeline with the source cluster at both ends, the copies under a prefix of the
-    bench's own, never asks the destination cluster, and deletes what it made."""
+    bench's own, never asks the destination cluster, and deletes what it made. The partition
+    count it plans for is the sender's topics' there."""
+    from diode.tune.command import partition_advice
     from diode.tune.measure import Bench
-    from tests.conftest import topics, write_topology
+    from tests.conftest import create_topic, topics, write_topology
     own, = start_brokers("tansu", "source")
+    create_topic(own.bootstrap, "src", 3)  # (the topology's sender.topics)
+    create_topic(own.bootstrap, "other", 2)
     trap = Trap()
     try:
         path = write_topology(tmp_path, own.bootstrap, trap.address)
@@ -182,6 +194,9 @@ def test_the_sending_hosts_bench_runs_on_the_source_cluster_alone(tmp_path, star
                 {"bootstrap.servers": own.bootstrap}
             assert data["receiver"]["topic.prefix"].startswith("diode-tune-")
             assert topic in topics(own.bootstrap)
+            p = partition_advice(topology.load(path), None, bench, {})
+            assert (p["partitions"], p["from"]) == (3, "the sender's topics on the source "
+                                                       "cluster")
     finally:
         trap.close()
     assert trap.connections == 0  # the destination cluster: never asked

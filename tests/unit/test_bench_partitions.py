@@ -57,7 +57,9 @@ def test_percentiles_are_nearest_rank():
     assert spread.percentile(values, 99) == 198
     assert spread.percentile([7.0], 99) == 7.0
     assert spread.percentile([], 50) is None
-    summary = spread.lone_summary({b"a": 1.0, b"b": 2.0, b"c": 3.0}, {b"a": 1.1, b"b": 2.3}, 3)
+    # (the warm-up's records, one a partition before the timing, are no lone record)
+    summary = spread.lone_summary({b"a": 1.0, b"b": 2.0, b"c": 3.0},
+                                  {b"warm-0": 0.5, b"a": 1.1, b"b": 2.3}, 3)
     assert (summary["sent"], summary["arrived"]) == (3, 2)
     assert summary["p50_ms"] == pytest.approx(100) and summary["p99_ms"] == pytest.approx(300)
 
@@ -81,3 +83,44 @@ def test_ratios_are_taken_within_a_repeat_and_not_from_runs_that_lost_records():
     assert runs[0]["against_relay"] == pytest.approx(0.5)
     assert runs[0]["against_partitions"] == pytest.approx(0.25)
     assert runs[1]["against_relay"] is None and runs[1]["against_partitions"] is None
+
+
+def test_the_writer_and_startup_modes_take_the_partitions_and_refuse_what_they_do_not_use():
+    writer = bench.parse_args(["--mode", "writer"])
+    assert (writer.mode, writer.partitions, writer.busy) == ("writer", None, 10)
+    writer = bench.parse_args(["--mode", "writer", "--partitions", "500", "--busy", "3"])
+    assert (writer.partitions, writer.busy) == (500, 3)
+    start = bench.parse_args(["--mode", "startup"])
+    assert (start.partitions, start.topics, start.startup_skip) == (10000, 2000, [])
+    start = bench.parse_args(["--mode", "startup", "--partitions", "1000", "--topics", "10",
+                              "--startup-skip", "watcher,sync"])
+    assert (start.partitions, start.topics, start.startup_skip) == (1000, 10,
+                                                                     ["watcher", "sync"])
+    for bad in (["--mode", "writer", "--topics", "5"], ["--mode", "writer", "--busy", "20",
+                                                        "--partitions", "10"],
+                ["--mode", "writer", "--partitions", "0"],
+                ["--mode", "writer", "--against-partitions", "3"],
+                ["--mode", "startup", "--partitions", "10", "--topics", "20"],
+                ["--mode", "startup", "--startup-skip", "watcher,nothing"],
+                ["--mode", "partitions"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+
+
+def test_the_writer_mode_measures_each_call_on_the_writer_stage_as_it_is(monkeypatch):
+    """The writer mode builds a real kafka_writer stage in this process: run on a few
+    partitions (each call once), it gives a figure for every call, by partition count."""
+    from types import SimpleNamespace
+
+    from benchlib import writer_cost
+    calls = []
+
+    def once(fn, seconds=1.0):
+        fn()
+        calls.append(fn)
+        return 0.001
+    monkeypatch.setattr(writer_cost, "per_call", once)
+    result = writer_cost.run(SimpleNamespace(args=SimpleNamespace(partitions=20, busy=2)))
+    assert [r["partitions"] for r in result["rows"]] == [20]
+    assert set(result["rows"][0]["ms"]) == {"expire", "idle turn", "metrics", "checkpoint"}
+    assert len(calls) == 4

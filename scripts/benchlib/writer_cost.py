@@ -1,7 +1,8 @@
-"""What a kafka_writer costs per partition it holds, at 1 000 and 10 000 source partitions, most
-of them idle: a writer stage made in this process (no broker: its clients are never used), its
-`sources` filled with PartitionStates written up to an offset and nothing waiting, BUSY of them
-with a run waiting for its predecessor; then, in CPU time (time.process_time) per call:
+"""--mode writer [--partitions N] [--busy B]: what a kafka_writer costs per partition it holds,
+at N source partitions (1 000 and 10 000 when not given), most of them idle: a writer stage
+made in this process (no broker: its clients are never used), its `sources` filled with
+PartitionStates written up to an offset and nothing waiting, B of them (--busy) with a run
+waiting for its predecessor; then, in CPU time (time.process_time) per call:
 
 - expire: the timer's pass over what waits (stages.kafka_writer, every EXPIRE_SECONDS);
 - idle turn: a turn of the loop (Stage.step) with no input, its timers included;
@@ -9,11 +10,11 @@ with a run waiting for its predecessor; then, in CPU time (time.process_time) pe
   at every partition included: diode.writer.source_view);
 - checkpoint: the states taken and the checkpoint file written (diode.writer.recovery).
 
-Printed as a markdown table. Run by `.venv/bin/python scripts/writer_partitions.py` (a few
-seconds). Not a test: a figure, compared before and after a change in the same window."""
+Printed as a markdown table (a few seconds; no broker, no launch). Not a test: a figure,
+compared before and after a change in the same window."""
 
-import argparse
 import socket
+import sys
 import tempfile
 import time
 
@@ -29,6 +30,10 @@ from diode.runtime.topology import from_dict
 from diode.runtime.wiring import WorkerSpec
 from diode.runtime.worker import Secrets, StageContext, stage_class
 from diode.writer.source_view import SourceLook
+
+from .resources import log
+
+DEFAULT_PARTITIONS = (1000, 10000)  # --mode writer without --partitions
 
 
 def writer(zctx):
@@ -105,17 +110,23 @@ def measure(partitions: int, busy: int) -> dict:
         zctx.destroy(linger=0)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--partitions", type=int, nargs="+", default=[1000, 10000])
-    ap.add_argument("--busy", type=int, default=10, help="partitions with a run waiting")
-    args = ap.parse_args()
-    print(f"| partitions (busy {args.busy}) | expire | idle turn | metrics | checkpoint |")
-    print("| --- | --- | --- | --- | --- |")
-    for n in args.partitions:
-        m = measure(n, args.busy)
-        print(f"| {n} | " + " | ".join(f"{v * 1e3:.3f} ms" for v in m.values()) + " |")
+def run(b) -> dict:
+    """Per partition count asked: each call's CPU time; the table printed, the figures
+    returned for the JSON line."""
+    args = b.args
+    counts = [args.partitions] if args.partitions else list(DEFAULT_PARTITIONS)
+    rows = []
+    for n in counts:
+        log(f"writer: {n} partitions, {args.busy} with a run waiting")
+        rows.append({"partitions": n, "busy": args.busy,
+                     "ms": {k: v * 1e3 for k, v in measure(n, args.busy).items()}})
+    return {"rows": rows}
 
 
-if __name__ == "__main__":
-    main()
+def print_table(result: dict, file=sys.stdout) -> None:
+    busy = result["rows"][0]["busy"] if result["rows"] else 0
+    print(f"| partitions (busy {busy}) | expire | idle turn | metrics | checkpoint |", file=file)
+    print("| --- | --- | --- | --- | --- |", file=file)
+    for r in result["rows"]:
+        print(f"| {r['partitions']} | " + " | ".join(f"{v:.3f} ms" for v in r["ms"].values())
+              + " |", file=file)
