@@ -330,10 +330,11 @@ class SenderSettings:
         "heartbeat intervals plus the receiver's wait (one interval plus the wait when the "
         "heartbeat naming them arrives), and so is what a restarted receiver learns of a chain "
         "that went on while it was down. The heartbeats of a clean stop name every partition. "
-        "Not yet for a receiver that may be started for the first time while the sender runs: "
-        "one that hears a heartbeat not naming an idle partition, then one naming it, takes its "
-        "chain for one it saw start and reports the records sent before it started as missing "
-        "(\"tail\").", non_negative)
+        "Each claim says when its chain was first named, so a receiver started while the "
+        "sender runs joins the chains of idle partitions whenever their turn comes and reports "
+        "nothing sent before it started; a receiver older than that (which takes each "
+        "heartbeat's own time) would report those records as missing (\"tail\"): set 0 for "
+        "one.", non_negative)
     metadata_interval_ms: float = setting(
         60000.0, "Reader 0 sends the replicated topics' metadata (partition count, the configs "
         "of metadata.topic.configs) and the committed offsets of the groups of sender.groups "
