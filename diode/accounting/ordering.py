@@ -385,8 +385,10 @@ class PartitionState:
         self._heard_of(chain_start, sent, heard)
         if self.frontier is None:
             self.anchor = chain_start
-        elif last_sent <= self.frontier and not self._unaccounted(chain_start, last_sent):
-            return
+        elif last_sent <= self.frontier and not (self._unaccounted(chain_start, last_sent) and
+                                                 self.seen_start(chain_start)):
+            return  # (nothing to report: what it claims is resolved, or a chain joined; were
+            #          it found seen start later, a later claim of the chain accounts it)
         newest = self._claims[-1] if self._claims else None
         if newest is None or last_sent > newest.last or chain_start != newest.start:
             self._claims.append(Claim(now, chain_start, last_sent, live))

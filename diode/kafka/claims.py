@@ -18,7 +18,10 @@ reader before that time (diode.accounting.ordering, "Where a chain starts"). Tak
 heartbeat that happens to carry the claim now, a receiver started while the rotation went round
 would take a chain named K heartbeats after it first heard the reader for one it saw start, and
 report what was sent of it before it started as missing. Those times are kept for the chains
-the current claims speak of, and no others. They cross in the heartbeat's counters
+the current claims speak of, and no others, in this process: a reader started again names
+its chains from its first heartbeat (they start again; a retired claim it remembers is named
+anew, so a receiver started before the restart that had not heard that claim yet, its turn not
+come, takes that chain for one it saw start). They cross in the heartbeat's counters
 (diode.link.wire: a receiver that does not know them passes them on as counters); a receiver
 hearing a sender that does not send them takes each heartbeat's own time, as before.
 

@@ -55,3 +55,6 @@ def test_a_chain_named_before_the_reader_was_first_heard_is_joined_one_named_aft
     assert missing(caplog) == ["missing t[2] offsets 0..9", "missing t[3] offsets 0..9"]
     assert [list(e.run.offsets) for e in writer.dest.backlog if e.run.partition == 1] == \
         [[10, 11, 12]]
+    # The claim of a partition all written leaves nothing waiting: no expiry pass looks at it.
+    writer._claim(claim(1, NAMED_BEFORE)._replace(last_sent=12))
+    assert ("t", 1) not in writer.held.busy
