@@ -537,7 +537,8 @@ class Stage(BaseStage):
         and the last the source held when last looked at; then the retired claims of
         incarnations gone this last day. Those that changed since last claimed, and a slice of
         the others in turn; all of them when `stopping` (the reader is stopping cleanly: sent
-        after its last records). The packer that takes it sends it after whatever it holds.
+        after its last records). With each, when its chain was first named (`named_ms`: the
+        time of the first heartbeat handed on that carried it). The packer that takes it sends it after whatever it holds.
         True when it was handed on."""
         positions = self.tracker.positions()
         ends, incarnations = self.lineage.ends, self.lineage.incarnations
@@ -548,8 +549,10 @@ class Stage(BaseStage):
                   if positions.get((t, p), start) - 1 >= start]
         claims += self.lineage.claims(self.tracker.sent)
         parts = self.claims.choose(claims, whole=stopping)
-        beat = {"reader": self.ctx.spec.index, "time_ms": int(time.time() * 1000),
+        now_ms = int(time.time() * 1000)
+        beat = {"reader": self.ctx.spec.index, "time_ms": now_ms,
                 "interval_ms": self.t.sender.heartbeat_interval_ms, "partitions": parts,
+                "named_ms": self.claims.named_at(parts, now_ms),
                 "cluster": self.lineage.cluster,
                 "counters": {"records": self.metrics.get("records"),
                              "rewinds": self.metrics.get("rewinds"),
@@ -559,7 +562,7 @@ class Stage(BaseStage):
         if sent:
             self.out.put([Heartbeat(beat).encode()])
             self.metrics.inc("heartbeats")
-            self.claims.carried_now(parts)
+            self.claims.carried_now(parts, now_ms)
         if self.digester is not None:
             self._send_digests(time.monotonic())
         if self.remember_due or self.lineage.changed or self.claims.changed or stopping:

@@ -310,14 +310,20 @@ class Stage(BaseStage):
 
     def _claim(self, c: Claim) -> None:
         """A heartbeat's claim: the sender's chain of an incarnation of a source partition, and
-        (`retired`) that the incarnation is gone, its source having held records up to `end`."""
+        (`retired`) that the incarnation is gone, its source having held records up to `end`.
+        Whether this receiver saw the chain start is told by when the chain was first named
+        (`named`), against the earliest heartbeat of its reader heard (this one's own time
+        counts as heard). The partition is looked at by the expiry pass (diode.writer.held) only
+        if something now waits there: the claim of an idle partition, all written, costs no
+        pass."""
         state = self._state(c.topic, c.partition, c.incarnation, c.seen, retired=c.retired)
-        self.held.touched((c.topic, c.partition))
-        state.heartbeat(c.chain_start, c.last_sent, c.seen, c.live, c.sent,
+        state.heartbeat(c.chain_start, c.last_sent, c.seen, c.live, c.named,
                         self._heard(c.reader, c.sent))
         if c.retired:
             state.source_ended(c.end)
             state.retire(c.seen)
+        if state.busy:
+            self.held.touched((c.topic, c.partition))
 
     def _heard(self, reader: int, sent: int) -> int:
         """A heartbeat of the sender's `reader` sent at `sent` (sender time, ms) was heard: the

@@ -199,13 +199,19 @@ class Stage(BaseStage):
 
     def _heartbeat(self, message: Heartbeat, frames):
         """Seal a reader's heartbeat after the records this packer holds, split over as many
-        datagrams as its partitions need."""
+        datagrams as its partitions need (each with when its claims' chains were first named,
+        where the reader says it)."""
         beat = message.beat
         self._emit(*self.builder.flush())
         flags = wire.FLAG_STOPPING if beat.get("stopping") else 0  # (the reader stops cleanly)
-        datagrams = [self.sealer.seal(wire.encode_heartbeat({**beat, "partitions": c}),
-                                      wire.KIND_HEARTBEAT, flags=flags)
-                     for c in self._chunks(beat["partitions"], beat.get("cluster", ""))]
+        named, at, datagrams = beat.get("named_ms"), 0, []
+        for c in self._chunks(beat["partitions"], beat.get("cluster", "")):
+            part = {**beat, "partitions": c}
+            if named is not None:
+                part["named_ms"] = named[at:at + len(c)]
+                at += len(c)
+            datagrams.append(self.sealer.seal(wire.encode_heartbeat(part), wire.KIND_HEARTBEAT,
+                                              flags=flags))
         self._put(datagrams, [[] for _ in datagrams])
         self.metrics.inc("heartbeat_datagrams", len(datagrams))
 

@@ -262,15 +262,19 @@ class Stage(BaseStage):
 
     def _heartbeat(self, h, beat, msgs, origin) -> None:
         """Claims go to the writers owning their partitions, with the beat's reader and sender
-        time; that the reader was heard then goes to every writer (a chain that starts after
-        it is accounted from its start: diode.accounting.ordering); the beat itself to writer
-        0."""
+        time and when each one's chain was first named (sender time: as the sender says, or
+        for an older sender that does not, this beat's); that the reader was heard then goes
+        to every writer (a chain first named after it is accounted from its start:
+        diode.accounting.ordering); the beat itself to writer 0."""
         self.metrics.inc("heartbeats")
         seen, live = origin.seen, not origin.replayed
         reader, sent = beat["reader"], beat["time_ms"]
-        for t, p, incarnation, start, last, end, retired in beat["partitions"]:
+        named = beat.get("named_ms") or [sent] * len(beat["partitions"])
+        for (t, p, incarnation, start, last, end, retired), first in zip(beat["partitions"],
+                                                                          named):
             msgs[partition_owner(t, p, len(msgs))].claims.append(Claim(
-                t, p, incarnation, start, last, end, retired, seen, live, reader, sent))
+                t, p, incarnation, start, last, end, retired, seen, live, reader, sent,
+                min(first, sent)))
         heard = Heard(reader, sent)
         for m in msgs:
             m.sources.append(heard)

@@ -32,13 +32,29 @@ started after the sender) is accounted from the first record or tail it resolves
 it is reported. The rule that tells them apart: a receiver saw a chain start when it heard a
 heartbeat of the chain's reader sent before the first heartbeat naming that chain (each reader
 names a chain from its first heartbeat after the chain's first record was sent, and sends one
-before it reads anything). The writer tells each heartbeat's sender time (`sent`) and the
-earliest sender time it has heard of the same reader (`heard`, kept across restarts in its
-checkpoints); a state keeps, per chain start, the earliest of each (`chains`), and a chain is seen
-start when the earliest heard is before the earliest naming it. So a receiver running before the
-sender started, or before a partition, topic or rewind started a chain, accounts it; one first
-started while a chain was running does not (its first heartbeat names the chain); one restarted
-accounts a chain that started while it was down, as "receiver-down" (below).
+before it reads anything). Each claim says when its chain was first named: the sender time of
+the first heartbeat its reader handed on that carried it (diode.kafka.claims; the same for the
+chain's current and retired claims), which the writer passes as `sent`, with the earliest sender
+time it has heard of the same reader (`heard`, this heartbeat's own included, kept across
+restarts in its checkpoints); a state keeps, per chain start, the earliest of each (`chains`),
+and a chain is seen start when the earliest heard is before the earliest naming it. So a
+receiver running before the sender started, or before a partition, topic or rewind started a
+chain, accounts it; one first started while a chain was running does not, whether the first
+heartbeat it hears names the chain or, with sender.heartbeat.claims.max, one K heartbeats later
+does (it says the chain was named before); one restarted accounts a chain that started while it
+was down, as "receiver-down" (below). A heartbeat of an older sender does not say when a chain
+was first named: its own time stands for it, which is exact only when every heartbeat names
+every chain (claims.max 0, all such a sender has).
+
+With claims.max, a heartbeat names the partitions whose claim changed and a slice of the others,
+each at least every K heartbeats, and the receiver acts on the claims it hears; a partition a
+heartbeat leaves out is not taken as gone. What that changes here: a tail lost with the
+heartbeat that claimed it (the chain then idle) is reported when the claim comes round again,
+up to K heartbeats later (plus `wait`); a restarted receiver learns of an idle partition's
+records sent while it was down within K heartbeats, and reports them "receiver-down" as before
+(resumed ends with a live record, not with a claim); a retired incarnation's claim is new when
+it retires, so it is named at once, and again every K heartbeats for a day; the link watch
+counts heartbeats, not claims, and the stopping heartbeats name every claim.
 
 A late arrival from the chain (not a resend) shows the wait was too short for this receiver (a
 busy machine: two packers' datagrams cross different unpackers and queues): the wait becomes
@@ -360,16 +376,19 @@ class PartitionState:
                   sent: int | None = None, heard: int | None = None) -> None:
         """The sender's chain for this partition started at `chain_start` and has sent every
         record up to `last_sent` (`live`: not a heartbeat the journal replays; -1 and -1: no
-        chain, nothing sent). `sent`: the heartbeat's sender time; `heard`: the earliest sender
-        time of a heartbeat of the same reader this receiver has heard (both in ms; None: this
-        receiver saw the chain start, see the module)."""
+        chain, nothing sent). `sent`: when the chain was first named, the sender time of the
+        first heartbeat that carried it (an older sender's: this heartbeat's); `heard`: the
+        earliest sender time of a heartbeat of the same reader this receiver has heard (both in
+        ms; None: this receiver saw the chain start, see the module)."""
         if chain_start < 0:
             return
         self._heard_of(chain_start, sent, heard)
         if self.frontier is None:
             self.anchor = chain_start
-        elif last_sent <= self.frontier and not self._unaccounted(chain_start, last_sent):
-            return
+        elif last_sent <= self.frontier and not (self._unaccounted(chain_start, last_sent) and
+                                                 self.seen_start(chain_start)):
+            return  # (nothing to report: what it claims is resolved, or a chain joined; were
+            #          it found seen start later, a later claim of the chain accounts it)
         newest = self._claims[-1] if self._claims else None
         if newest is None or last_sent > newest.last or chain_start != newest.start:
             self._claims.append(Claim(now, chain_start, last_sent, live))

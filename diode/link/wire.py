@@ -154,12 +154,16 @@ HEARTBEAT_SCHEMA = fastavro.parse_schema({
 })
 
 
+NAMED = "named_ms@"  # a counters entry: from this claim on (its index), when first named
+
+
 def encode_heartbeat(beat: dict) -> bytes:
     """A heartbeat as Avro (fastavro, schemaless): see decode_heartbeat for its fields."""
     out = io.BytesIO()
     fastavro.schemaless_writer(out, HEARTBEAT_SCHEMA, {
         "reader": beat["reader"], "time_ms": beat["time_ms"],
-        "interval_ms": int(beat["interval_ms"]), "counters": beat.get("counters", {}),
+        "interval_ms": int(beat["interval_ms"]),
+        "counters": {**beat.get("counters", {}), **_named_entries(beat.get("named_ms"))},
         "cluster": beat.get("cluster", ""),
         "partitions": [{"topic": t, "partition": p, "incarnation": inc, "chain_start": s,
                         "last_sent": last, "end": end, "retired": retired}
@@ -169,13 +173,47 @@ def encode_heartbeat(beat: dict) -> bytes:
 
 def decode_heartbeat(payload: bytes) -> dict:
     """A heartbeat: {"reader", "time_ms", "interval_ms", "cluster", "partitions": [(topic,
-    partition, incarnation, chain_start, last_sent, end, retired), ...], "counters": {...}}.
-    Raises RejectedDatagram."""
+    partition, incarnation, chain_start, last_sent, end, retired), ...], "counters": {...}},
+    and "named_ms" (when each claim's chain was first named, sender time, in the order of
+    "partitions") where the sender said it. Raises RejectedDatagram."""
     beat = _read(payload, HEARTBEAT_SCHEMA, "heartbeat")
     beat["partitions"] = [(c["topic"], c["partition"], c["incarnation"], c["chain_start"],
                            c["last_sent"], c["end"], c["retired"]) for c in beat["partitions"]]
     beat["interval_ms"] = float(beat["interval_ms"])
+    named = _named(beat["counters"], len(beat["partitions"]))
+    if named is not None:
+        beat["named_ms"] = named
     return beat
+
+
+def _named_entries(named) -> dict:
+    """When each claim's chain was first named (`named`, in the claims' order), as counters
+    entries, which a receiver that does not know them passes on as counters: NAMED + i for
+    each claim i whose time is not the one before it (the first included)."""
+    entries, last = {}, None
+    for i, ms in enumerate(named or ()):
+        if ms != last:
+            entries[f"{NAMED}{i}"] = last = ms
+    return entries
+
+
+def _named(counters: dict, claims: int) -> list | None:
+    """The NAMED entries taken out of `counters`: a time per claim (None: there are none, a
+    sender older than them). Raises RejectedDatagram on entries that do not say one per
+    claim."""
+    keys = [k for k in counters if k.startswith(NAMED)]
+    if not keys:
+        return None
+    try:
+        starts = sorted((int(k[len(NAMED):]), counters.pop(k)) for k in keys)
+    except ValueError:
+        raise RejectedDatagram("decode_failed", "heartbeat: a claim's named time") from None
+    if starts[0][0] != 0 or starts[-1][0] >= claims:
+        raise RejectedDatagram("decode_failed", "heartbeat: the claims' named times")
+    named = []
+    for (i, ms), (j, _) in zip(starts, starts[1:] + [(claims, None)]):
+        named += [ms] * (j - i)
+    return named
 
 
 # -- the source's state ------------------------------------------------------------------------

@@ -189,7 +189,9 @@ class Claim(NamedTuple):
     """One partition of a heartbeat: the sender's chain of an incarnation of a source partition
     (where it started, the last offset sent, where the source ended) and whether the incarnation
     is gone (`retired`), with when the receiver read the heartbeat (`seen`, the reader's clock),
-    whether it came live (not replayed), and the sender's reader and time (ms) that sent it."""
+    whether it came live (not replayed), the sender's reader and time (ms) that sent it, and
+    when the chain was first named (`named`, sender time, ms: the first heartbeat that carried
+    it, as the sender says; an older sender's heartbeat, which does not say, its own time)."""
     topic: str
     partition: int
     incarnation: bytes
@@ -201,6 +203,7 @@ class Claim(NamedTuple):
     live: bool
     reader: int
     sent: int
+    named: int
 
 
 class Heard(NamedTuple):

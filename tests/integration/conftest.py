@@ -12,10 +12,13 @@ SENDER, RECEIVER = 3, 3
 
 
 class Link:
-    """Sender -> link-sim (faults) -> receiver, each side launched with its own topology."""
+    """Sender -> link-sim (faults) -> receiver, each side launched with its own topology: the
+    receiver first, or with `receiver_later` when the test calls start_receiver()."""
 
-    def __init__(self, tmp_path, brokers, launch, faults: Faults, **overrides):
+    def __init__(self, tmp_path, brokers, launch, faults: Faults, receiver_later: bool = False,
+                 **overrides):
         self.src, self.dst = brokers
+        self.launch = launch
         self.receiver_port = free_port(socket.SOCK_DGRAM)
         common = deep_merge(overrides, {
             "sender": {"heartbeat.interval.ms": 300},
@@ -33,8 +36,12 @@ class Link:
         self.thread = threading.Thread(target=self.sim.run, args=(self.stop.is_set,),
                                        daemon=True)
         self.thread.start()
-        self.receiver = launch(self.receiver_topo, side="receiver", workers=RECEIVER)
+        self.receiver = None if receiver_later else self.start_receiver()
         self.sender = launch(self.sender_topo, side="sender", workers=SENDER)
+
+    def start_receiver(self):
+        self.receiver = self.launch(self.receiver_topo, side="receiver", workers=RECEIVER)
+        return self.receiver
 
     def close(self):
         self.stop.set()
@@ -46,8 +53,8 @@ class Link:
 def link(tmp_path, brokers, launch):
     made = []
 
-    def make(faults, **overrides):
-        made.append(Link(tmp_path, brokers, launch, faults, **overrides))
+    def make(faults, receiver_later=False, **overrides):
+        made.append(Link(tmp_path, brokers, launch, faults, receiver_later, **overrides))
         return made[-1]
 
     yield make

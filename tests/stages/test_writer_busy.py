@@ -64,7 +64,7 @@ def test_a_claimed_tail_is_reported_when_due_and_the_partition_leaves_the_set(wr
     offer(writer, run(0, 3, partition=2))
     writer._expire(0.0)
     assert not writer.held.busy
-    writer._claim(messages.Claim("t", 2, OLD, 0, 6, 6, False, 1.0, True, 0, 1000))
+    writer._claim(messages.Claim("t", 2, OLD, 0, 6, 6, False, 1.0, True, 0, 1000, 1000))
     assert list(writer.held.busy) == [("t", 2)]
     writer._expire(100.0)
     assert missing(caplog) == ["missing t[2] offsets 3..6"]
@@ -74,7 +74,8 @@ def test_a_claimed_tail_is_reported_when_due_and_the_partition_leaves_the_set(wr
 def test_a_retired_incarnation_is_reported_as_source_reset_then_leaves_the_set(writer, caplog):
     with_idle(writer)
     offer(writer, run(0, 3, partition=3))
-    writer._claim(messages.Claim("t", 3, OLD, 0, 2, 9, True, 1.0, True, 0, 1000))  # held to 9
+    # (held to 9)
+    writer._claim(messages.Claim("t", 3, OLD, 0, 2, 9, True, 1.0, True, 0, 1000, 1000))
     offer(writer, run(0, 2, partition=3, prev=-1), clock=1.0, incarnation=NEW)
     assert ("t", 3) in writer.held.busy
     writer._expire(100.0)
@@ -114,7 +115,7 @@ def test_the_metrics_sums_are_those_of_every_state(writer):
     for p, n in ((4, 3), (5, 2), (6, 6)):
         offer(writer, run(0, n, partition=p))
     offer(writer, run(7, 2, partition=4))  # (3..6 lost)
-    writer._claim(messages.Claim("t", 5, OLD, 0, 3, 3, False, 0.0, True, 0, 1000))
+    writer._claim(messages.Claim("t", 5, OLD, 0, 3, 3, False, 0.0, True, 0, 1000, 1000))
     writer._expire(100.0)  # (t[4]'s gap and t[5]'s tail reported: tickets open)
     offer(writer, run(9, 1, partition=6, prev=8))  # (waits for 6..8)
     writer.sample_metrics()

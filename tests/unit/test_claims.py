@@ -14,9 +14,9 @@ def claims(n: int, last: dict | None = None) -> list:
     return [("t", p, INC, 0, last.get(p, 9), 9, False) for p in range(n)]
 
 
-def beat(slices: ClaimSlices, current: list, whole: bool = False) -> set:
+def beat(slices: ClaimSlices, current: list, whole: bool = False, now_ms: int = 0) -> set:
     chosen = slices.choose(current, whole)
-    slices.carried_now(chosen)
+    slices.carried_now(chosen, now_ms)
     return {c[1] for c in chosen}
 
 
@@ -50,7 +50,7 @@ def test_beats_rotate_through_partitions_that_come_and_go():
         if i == 12:
             current = current + [("u", 0, INC, 0, 5, 5, False)]
         got = slices.choose(current)
-        slices.carried_now(got)
+        slices.carried_now(got, i)
         for p in since:
             since[p] += 1
         for c in got:
@@ -101,7 +101,7 @@ def test_the_turn_holds_its_place_when_partitions_before_it_go():
             del since[gone]
             since[12 + i] = 0
         got = {c[1] for c in slices.choose(current)}
-        slices.carried_now([c for c in current if c[1] in got])
+        slices.carried_now([c for c in current if c[1] in got], i)
         for p in since:
             since[p] = 0 if p in got else since[p] + 1
         assert max(since.values()) < slices.every(), (i, since)
@@ -112,3 +112,51 @@ def test_a_slice_not_handed_on_is_the_next_one():
     beat(slices, claims(9))
     first = {c[1] for c in slices.choose(claims(9))}  # (the packers were full: not carried)
     assert beat(slices, claims(9)) == first
+
+
+def named(slices: ClaimSlices, current: list, now_ms: int, hand_on: bool = True) -> dict:
+    """One heartbeat at `now_ms`: partition -> when its chain was first named, as it says."""
+    chosen = slices.choose(current)
+    times = slices.named_at(chosen, now_ms)
+    if hand_on:
+        slices.carried_now(chosen, now_ms)
+    return {(c[1], c[6]): t for c, t in zip(chosen, times)}
+
+
+def test_each_claim_says_when_its_chain_was_first_named_whichever_heartbeat_carries_it():
+    """A receiver first hearing an idle partition's claim K heartbeats after it first heard
+    the reader learns the chain was named long before (diode.accounting.ordering): the time
+    of the first heartbeat handed on that carried it, not of the one carrying it now."""
+    n, most = 20, 2
+    slices = ClaimSlices(most)
+    assert named(slices, claims(n), 1000) == {(p, False): 1000 for p in range(n)}
+    assert named(slices, claims(n), 2000, hand_on=False) == {(0, False): 1000,
+                                                             (1, False): 1000}
+    said: dict = {}
+    for i in range(slices.every()):
+        said.update(named(slices, claims(n), 3000 + i))
+    assert said == {(p, False): 1000 for p in range(n)}  # (every one in K, as first named)
+    # Records sent (a changed claim) name the same chain; one started again (a rewind) is
+    # named anew from the heartbeat that first carries it, one not handed on not counted.
+    current = claims(n, {4: 12})
+    current[5] = ("t", 5, INC, 10, 12, 12, False)
+    assert named(slices, current, 5000, hand_on=False)[(5, False)] == 5000
+    got = named(slices, current, 6000)
+    assert got[(4, False)] == 1000 and got[(5, False)] == 6000
+    # The incarnation retired: its retired claim is the same chain, named when it was.
+    retired = [c for c in current if c[1] != 5] + [("t", 5, INC, 10, 12, 12, True)]
+    assert named(slices, retired, 7000)[(5, True)] == 6000
+    # Bounded: the times kept are those of the chains the claims speak of now.
+    assert len(slices.named) == n
+    named(slices, claims(3), 8000)
+    assert set(slices.named) == {("t", p, INC, 0) for p in range(3)}
+
+
+def test_with_no_bound_every_claim_says_when_its_chain_was_first_named_too():
+    slices = ClaimSlices(0)
+    assert set(named(slices, claims(3), 1000).values()) == {1000}
+    current = claims(3)
+    current[1] = ("t", 1, INC, 10, 12, 12, False)
+    assert named(slices, current, 2000) == {(0, False): 1000, (1, False): 2000,
+                                            (2, False): 1000}
+    assert set(slices.named) == {("t", 0, INC, 0), ("t", 1, INC, 10), ("t", 2, INC, 0)}

@@ -41,7 +41,8 @@ def test_what_the_udp_reader_sends_an_unpacker_comes_back_as_its_kind(message):
 
 
 def test_a_batch_comes_back_with_every_part_typed():
-    claim = messages.Claim("t", 3, INC, 0, 41, 50, False, 12.0, True, 1, 1764111600000)
+    claim = messages.Claim("t", 3, INC, 0, 41, 50, False, 12.0, True, 1, 1764111600000,
+                           1764111500000)
     batch = messages.Batch(
         2, [messages.Origin(1500, 12.0, False), messages.Origin(3000, 12.5, True)], [claim],
         [{"reader": 1, "session": "01"}], messages.Mark(4500, 13.0), [11.0], [10, 20],

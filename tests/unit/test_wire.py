@@ -1,8 +1,10 @@
 """diode.link.wire: the datagram format, end to end through compression and encryption."""
 
+import io
 import os
 import struct
 
+import fastavro
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -266,4 +268,29 @@ def test_source_state_round_trip_and_garbage():
     for bad in (encoded[:-1], encoded + b"\x00", b"", b"\xff" * 20):
         with pytest.raises(RejectedDatagram) as exc:
             wire.decode_source(bad)
+        assert exc.value.reason == "decode_failed"
+
+
+def test_a_heartbeat_says_when_each_claims_chain_was_first_named_and_an_older_one_does_not():
+    """When each claim's chain was first named crosses in the counters, which the schema
+    already has (a receiver that does not know them passes them on as counters; one that does
+    takes them out); a heartbeat of an older sender has none, and says nothing of it."""
+    inc = bytes(range(16))
+    claims = [("t", p, inc, 0, 9, 9, False) for p in range(5)]
+    beat = {"reader": 0, "time_ms": 5000, "interval_ms": 1000, "cluster": "c",
+            "partitions": claims, "counters": {"records": 45}}
+    named = [1000, 1000, 4000, 1000, 1000]
+    encoded = wire.encode_heartbeat({**beat, "named_ms": named})
+    older = fastavro.schemaless_reader(io.BytesIO(encoded), wire.HEARTBEAT_SCHEMA)
+    assert [c["last_sent"] for c in older["partitions"]] == [9] * 5  # (the claims as before)
+    assert len(older["counters"]) == 4  # (records, and where the times change: 3)
+    back = wire.decode_heartbeat(encoded)
+    assert back["named_ms"] == named and back["counters"] == {"records": 45}
+    assert back["partitions"] == claims
+    assert "named_ms" not in wire.decode_heartbeat(wire.encode_heartbeat(beat))
+    for wrong in ({"named_ms@1": 1000}, {"named_ms@0": 1000, "named_ms@5": 1},
+                  {"named_ms@x": 1000}):
+        bad = wire.encode_heartbeat({**beat, "counters": {"records": 45, **wrong}})
+        with pytest.raises(RejectedDatagram) as exc:
+            wire.decode_heartbeat(bad)
         assert exc.value.reason == "decode_failed"
