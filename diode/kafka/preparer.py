@@ -44,7 +44,8 @@ SETTLE_POLL = 0.2
 RECOVERY_TIMEOUT = 5.0   # s: reading what the destination holds (diode.kafka.recovery)
 ANSWERS = 64             # answers waiting for the loop; past it the thread waits
 TOPICS_PER_LOOK = 1000   # topics asked about together (one metadata request, one create)
-HOLDINGS_PER_READ = 5000  # source partitions whose holdings are read together (one consumer)
+HOLDINGS_PER_READ = 1000  # source partitions whose holdings are read together (one consumer):
+#                           Tansu left most of 5 000 assigned at once unanswered for 30 s
 
 
 class TopicAnswer(NamedTuple):
@@ -120,12 +121,15 @@ class Preparer:
             topics = [q[1:] for q in questions if q is not None and q[0] == "topic"]
             for answer in self._topic_answers(admin, topics) if topics else ():
                 hand(self.answers, answer, self._stop)
-            for question in questions:
-                if question is None:
-                    return
-                if question[0] == "holdings":
-                    for answer in self._holdings_answers(*question[1:]):
-                        hand(self.answers, answer, self._stop)
+            holdings = [q[1:] for q in questions if q is not None and q[0] == "holdings"]
+            if holdings:  # (the questions asked meanwhile, read together)
+                asked = {topic: wanted for q in holdings for topic, wanted in q[0].items()}
+                missing_topic, since_ms = next(
+                    ((m, since) for _, m, since in holdings if m), (None, None))
+                for answer in self._holdings_answers(asked, missing_topic, since_ms):
+                    hand(self.answers, answer, self._stop)
+            if questions[-1] is None:
+                return
 
     def _topic_answers(self, admin, questions: list) -> list:
         """The TopicAnswers to `questions` ((topic, partitions, config) each), their counts
@@ -144,18 +148,22 @@ class Preparer:
                 self._counts[answer.topic] = answer.partitions
         return answers
 
-    def _holdings_answers(self, asked: dict, missing_topic, since_ms) -> list:
+    def _holdings_answers(self, asked: dict, missing_topic, since_ms):
         """A HoldingsAnswer to each source topic of `asked`, read HOLDINGS_PER_READ
-        (source topic, partition, incarnation) at most at a time; a failure (a bug) answered
-        all the same: the loop must not wait."""
-        answers, read, size = [], {}, 0
+        (source topic, partition, incarnation) at most at a time, each read's answers handed
+        as soon as it is done; a failure (a bug) answered all the same: the loop must not
+        wait."""
+        read, size = {}, 0
         for topic, (destination, wanted) in asked.items():
             if read and size + len(wanted) > HOLDINGS_PER_READ:
-                answers += self._holdings_read(read, missing_topic, since_ms)
+                yield from self._holdings_read(read, missing_topic, since_ms)
                 missing_topic, read, size = None, {}, 0  # (read once: with the first)
+                if self._stop.is_set():
+                    return
             read[topic] = (destination, wanted)
             size += len(wanted)
-        return answers + (self._holdings_read(read, missing_topic, since_ms) if read else [])
+        if read:
+            yield from self._holdings_read(read, missing_topic, since_ms)
 
     def _holdings_read(self, asked: dict, missing_topic, since_ms) -> list:
         by_destination: dict = {}

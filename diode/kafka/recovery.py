@@ -64,6 +64,7 @@ def holdings(settings: dict, wanted: dict[str, set], missing_topic: str | None =
     together. A topic the cluster refuses (or whose partitions do not answer while the others'
     do) is in `failed`, the others are answered; DiodeError when the cluster cannot be reached,
     or the missing-records topic cannot be read, within `timeout` seconds."""
+    started = time.monotonic()
     written: dict[tuple[str, int, bytes], int] = {}
     wanted = {topic: set(pairs) for topic, pairs in wanted.items() if pairs}
     if not wanted and not missing_topic:
@@ -121,13 +122,24 @@ def holdings(settings: dict, wanted: dict[str, set], missing_topic: str | None =
         scans = {key: _Backward(*marks[key], max_scan) for key in sorted(pending)}
         chunks = {key: s.first() for key, s in scans.items()}
         chunks.update((key, (start, None)) for key, start in starts.items())
+        asked_at = time.monotonic()
         while chunks:
-            for topic in r.read(chunks, take):
+            stuck = r.read(chunks, take)
+            if stuck:  # (read again on their own: a broker under load may have starved them)
+                stuck = r.read({k: c for k, c in chunks.items() if k[0] in stuck}, take,
+                               again=True)
+            for topic in stuck:
+                why = "its partitions do not answer" + \
+                    (f" ({r.stuck_error})" if r.stuck_error else "")
                 if topic == missing_topic:
-                    raise r.unreachable(f"reading {topic}", "its partitions do not answer")
-                failed[topic] = "its partitions do not answer"
+                    raise r.unreachable(f"reading {topic}", why)
+                failed[topic] = why
             chunks = {key: c for key, s in scans.items()
                       if pending[key] and key[0] not in failed and (c := s.next()) is not None}
+    log.info("read what the destination holds of %d topic(s) (%d partition(s)%s) in %.1f s "
+             "(%.1f s of metadata and offsets)%s", len(wanted), len(scans),
+             f", and {missing_topic}" if missing_topic else "", time.monotonic() - started,
+             asked_at - started, f"; {len(failed)} not read" if failed else "")
     if skipped:
         log.warning("%s: %d record(s) are not missing-range events; ignored", missing_topic,
                     skipped)
@@ -254,6 +266,7 @@ class _Reader:
         self.where = settings.get("bootstrap.servers", "?")
         self.timeout = timeout
         self.paused = []
+        self.stuck_error = None  # the last error of a read whose partitions did not all answer
         connect = admin_config(settings)  # what connects; the writer's producer settings stay out
         self.consumer = Consumer({
             **connect,
@@ -350,13 +363,13 @@ class _Reader:
         return self._offsets(keys, OffsetSpec.for_timestamp(ms),
                              f"looking up the offsets at {ms} ms")
 
-    def read(self, chunks: dict, take) -> set:
+    def read(self, chunks: dict, take, again: bool = False) -> set:
         """Read each partition's chunk, (topic, partition) -> (start, end): to `end`
         (exclusive), or with end None to the true end, calling take((topic, partition),
         messages) with its records in order; all of them with one assignment, and the wait
         for the true end once. Returns the topics of the partitions that never answered while
-        others did (nothing read of them is trusted); DiodeError when none answered within the
-        timeout."""
+        others did (or, `again`: the partitions of a read where others answered); DiodeError
+        when none answered within the timeout."""
         c = self.consumer
         if self.paused:  # before assign(): a resume after it would not wake the fetcher
             c.resume(self.paused)
@@ -365,7 +378,7 @@ class _Reader:
         pos = {key: start for key, (start, _) in chunks.items()}
         open_ = set(chunks)
         to_end = any(end is None for _, end in chunks.values())
-        last_news, error, answered = time.monotonic(), None, False
+        last_news, error, answered = time.monotonic(), None, again
         while open_:
             # As many messages as the bounded chunks still hold: consume() returns at once
             # instead of waiting out its timeout for a batch that cannot fill.
@@ -376,6 +389,7 @@ class _Reader:
                 last_news = now
             elif now - last_news > self.timeout:
                 if answered:  # (some partitions answered: only the others' topics fail)
+                    self.stuck_error = error
                     return {key[0] for key in open_}
                 raise self.unreachable(
                     f"reading {', '.join(sorted({k[0] for k in open_})[:3])} (at "
