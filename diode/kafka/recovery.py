@@ -329,6 +329,26 @@ class _Reader:
                 counts[topic] = 0
         return counts, failed
 
+    def partition_count(self, topic: str) -> int:
+        """How many partitions `topic` has; 0 when it does not exist; DiodeError when the
+        cluster refuses to describe it."""
+        counts, failed = self.partitions([topic])
+        if failed:
+            raise DiodeError(f"destination cluster {self.where}: topic {topic}: {failed[topic]}")
+        return counts[topic]
+
+    def watermark(self, topic: str, partition: int) -> tuple[int, int]:
+        """watermarks() of one partition; DiodeError when the cluster refuses them."""
+        marks, failed = self.watermarks([(topic, partition)])
+        if failed:
+            raise DiodeError(f"destination cluster {self.where}: topic {topic}: {failed[topic]}")
+        return marks[(topic, partition)]
+
+    def read_one(self, topic: str, partition: int, chunk: tuple, take) -> None:
+        """read() of one partition's chunk, take(messages); DiodeError when it does not
+        answer."""
+        self.read({(topic, partition): chunk}, lambda _, msgs: take(msgs))
+
     def _offsets(self, keys: list, spec, what: str) -> tuple[dict, dict]:
         """({(topic, partition): offset as ListOffsets answers `spec`}, {topic: why refused})
         for every key, in one request per broker."""
