@@ -145,7 +145,7 @@ def translate(settings: dict, destination_topic: str, destination_partition: int
         return out
     dp = destination_partition
     with _Reader(settings, timeout) as r:
-        count = r.partitions(destination_topic)
+        count = r.partition_count(destination_topic)
         if not count:
             out.why = f"{destination_topic} does not exist on the destination"
             return out
@@ -153,17 +153,17 @@ def translate(settings: dict, destination_topic: str, destination_partition: int
             out.why = (f"{destination_topic} has {count} partition(s): source partition {dp} is "
                        "spread over them by key, no position there holds its records")
             return out
-        low, high = r.watermarks(destination_topic, dp)
+        low, high = r.watermark(destination_topic, dp)
 
         def read(start: int, stop: int | None) -> list[tuple[int, bytes, int, int]]:
             found = []
 
-            def take(_, msgs):
+            def take(msgs):
                 for m in msgs:
                     if m.offset() >= start:  # (a chunk start gone: reset to the earliest)
                         if (p := provenance(m.offset(), m.headers())) is not None:
                             found.append(p)
-            r.read(destination_topic, {dp: (start, stop)}, take)
+            r.read_one(destination_topic, dp, (start, stop), take)
             return found
 
         found = translate_from(read, low, high, incarnation, dp, wanted)

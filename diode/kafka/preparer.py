@@ -16,7 +16,10 @@ topics, never the whole cluster's), the missing ones created in one CreateTopics
 writer whose first records name 2 000 topics waits for a few requests, not for 2 000 of each. A
 topic the cluster refuses is answered with its error; the others of its batch are not held up.
 The loop asks again only once it has the answer, so the questions outstanding are at most one
-per topic.
+per topic. What the destination holds of the source topics a restarted writer met in a turn is
+asked in one question and read together (diode.kafka.recovery.holdings: one consumer, one wait
+for the true end, HOLDINGS_PER_READ partitions at most), answered per source topic: a
+destination topic the cluster refuses is answered with its error, the others are not held up.
 """
 
 import logging
@@ -41,6 +44,8 @@ SETTLE_POLL = 0.2
 RECOVERY_TIMEOUT = 5.0   # s: reading what the destination holds (diode.kafka.recovery)
 ANSWERS = 64             # answers waiting for the loop; past it the thread waits
 TOPICS_PER_LOOK = 1000   # topics asked about together (one metadata request, one create)
+HOLDINGS_PER_READ = 1000  # source partitions whose holdings are read together (one consumer):
+#                           Tansu left most of 5 000 assigned at once unanswered for 30 s
 
 
 class TopicAnswer(NamedTuple):
@@ -82,12 +87,14 @@ class Preparer:
         `partitions` if it has fewer (the source's was raised); answered by a TopicAnswer."""
         self.questions.put(("topic", topic, partitions, config))
 
-    def holdings(self, source_topic: str, destination: str, wanted: set,
-                 missing_topic: str | None, since_ms: int | None) -> None:
-        """Ask what `destination` holds of the (source topic, partition, incarnation) in
-        `wanted` and, with `missing_topic`, the missing ranges reported there since `since_ms`;
-        answered by a HoldingsAnswer."""
-        self.questions.put(("holdings", source_topic, destination, frozenset(wanted),
+    def holdings(self, asked: dict, missing_topic: str | None, since_ms: int | None) -> None:
+        """Ask what the destination holds of the source topics in `asked` (source topic ->
+        (destination topic, the (source topic, partition, incarnation) wanted)) and, with
+        `missing_topic`, the missing ranges reported there since `since_ms`; answered by a
+        HoldingsAnswer per source topic, read together (up to HOLDINGS_PER_READ partitions a
+        read, diode.kafka.recovery.holdings)."""
+        self.questions.put(("holdings", {topic: (destination, frozenset(wanted))
+                                         for topic, (destination, wanted) in asked.items()},
                             missing_topic, since_ms))
 
     def take(self) -> list:
@@ -114,11 +121,15 @@ class Preparer:
             topics = [q[1:] for q in questions if q is not None and q[0] == "topic"]
             for answer in self._topic_answers(admin, topics) if topics else ():
                 hand(self.answers, answer, self._stop)
-            for question in questions:
-                if question is None:
-                    return
-                if question[0] == "holdings":
-                    hand(self.answers, self._holdings_answer(*question[1:]), self._stop)
+            holdings = [q[1:] for q in questions if q is not None and q[0] == "holdings"]
+            if holdings:  # (the questions asked meanwhile, read together)
+                asked = {topic: wanted for q in holdings for topic, wanted in q[0].items()}
+                missing_topic, since_ms = next(
+                    ((m, since) for _, m, since in holdings if m), (None, None))
+                for answer in self._holdings_answers(asked, missing_topic, since_ms):
+                    hand(self.answers, answer, self._stop)
+            if questions[-1] is None:
+                return
 
     def _topic_answers(self, admin, questions: list) -> list:
         """The TopicAnswers to `questions` ((topic, partitions, config) each), their counts
@@ -137,12 +148,48 @@ class Preparer:
                 self._counts[answer.topic] = answer.partitions
         return answers
 
-    def _holdings_answer(self, source_topic: str, *question) -> HoldingsAnswer:
+    def _holdings_answers(self, asked: dict, missing_topic, since_ms):
+        """A HoldingsAnswer to each source topic of `asked`, read HOLDINGS_PER_READ
+        (source topic, partition, incarnation) at most at a time, each read's answers handed
+        as soon as it is done; a failure (a bug) answered all the same: the loop must not
+        wait."""
+        read, size = {}, 0
+        for topic, (destination, wanted) in asked.items():
+            if read and size + len(wanted) > HOLDINGS_PER_READ:
+                yield from self._holdings_read(read, missing_topic, since_ms)
+                missing_topic, read, size = None, {}, 0  # (read once: with the first)
+                if self._stop.is_set():
+                    return
+            read[topic] = (destination, wanted)
+            size += len(wanted)
+        if read:
+            yield from self._holdings_read(read, missing_topic, since_ms)
+
+    def _holdings_read(self, asked: dict, missing_topic, since_ms) -> list:
+        by_destination: dict = {}
+        for destination, wanted in asked.values():
+            by_destination.setdefault(destination, set()).update(wanted)
         try:
-            return self._holdings(source_topic, *question)
+            got = recovery.holdings(self.settings, by_destination, missing_topic, since_ms,
+                                    timeout=RECOVERY_TIMEOUT)
+        except DiodeError as exc:
+            return [HoldingsAnswer(topic, wanted, {}, None, str(exc))
+                    for topic, (_, wanted) in asked.items()]
         except Exception as exc:  # (a bug: answered all the same, the loop must not wait)
-            log.exception("asking the destination about %s failed", source_topic)
-            return HoldingsAnswer(source_topic, question[1], {}, None, repr(exc))
+            log.exception("asking the destination about %s failed", ", ".join(asked))
+            return [HoldingsAnswer(topic, wanted, {}, None, repr(exc))
+                    for topic, (_, wanted) in asked.items()]
+        answers = []
+        for topic, (destination, wanted) in asked.items():
+            if destination in got.failed:
+                answers.append(HoldingsAnswer(
+                    topic, wanted, {}, None, f"destination cluster: topic {destination}: "
+                    f"{got.failed[destination]}"))
+            else:
+                answers.append(HoldingsAnswer(
+                    topic, wanted, {tp: o for tp, o in got.written.items() if tp in wanted},
+                    got.reported, None))
+        return answers
 
     def _prepare_topics(self, admin, questions: list) -> list:
         """A TopicAnswer to each question (topic, partitions, config), in their order: their
@@ -206,18 +253,6 @@ class Preparer:
                             "records of the partitions it lacks are spread by key", topic,
                             count, partitions, exc.args[0].str())
         return describe(admin, topic)[0] or count
-
-    def _holdings(self, source_topic: str, destination: str, wanted: frozenset,
-                  missing_topic: str | None, since_ms: int | None) -> HoldingsAnswer:
-        try:
-            reported = recovery.last_reported(self.settings, missing_topic, since_ms,
-                                              timeout=RECOVERY_TIMEOUT) \
-                if missing_topic else None
-            written = recovery.last_written(self.settings, destination, set(wanted),
-                                            timeout=RECOVERY_TIMEOUT)
-        except DiodeError as exc:
-            return HoldingsAnswer(source_topic, wanted, {}, None, str(exc))
-        return HoldingsAnswer(source_topic, wanted, written, reported, None)
 
 
 def described(admin, topics: list) -> dict:

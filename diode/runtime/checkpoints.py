@@ -15,11 +15,25 @@ Each writer keeps one file, `checkpoint-<index>.json` in receiver.journal.dir, r
 - `time_ms`: when it was written (the missing-records topic is read back from about then);
 - `readers`: the earliest sender time (ms) of a heartbeat heard of each of the sender's readers
   (by index), which tells a chain that started while the receiver was down from one it joined
-  (diode.accounting.ordering, "Where a chain starts").
+  (diode.accounting.ordering, "Where a chain starts");
+- `id`: what names this whole checkpoint for the changes written over it (below); a checkpoint
+  without one (written by a diode before them) has none over it.
+
+A writer holding 10 000 partitions, most idle, does not rewrite them all every interval: between
+two whole checkpoints it writes `checkpoint-<index>.changes.json`, replaced the same way, with
+`changes_to` (the `id` of the whole one it changes), `low_water`, `time_ms`, `readers`, and only
+the `partitions` entries of the source partitions whose states changed since that whole one
+(all of their incarnations), and `dropped`: those it no longer holds. A whole checkpoint is
+written again once the changes would hold a quarter of the partitions (diode.writer.recovery),
+and the changes file is then removed. `load` gives the whole one with its changes merged over it
+(the changes' partitions replacing the whole one's, their low water, time and readers); changes
+naming another whole checkpoint (a crash between writing a whole one and removing them) are left
+out and logged, the whole one is used alone.
 """
 
 import logging
 import os
+import re
 
 from diode.runtime import files
 
@@ -28,19 +42,46 @@ log = logging.getLogger("diode.runtime.checkpoints")
 VERSION = 2  # 1: states per source partition, without incarnations (not used: see load)
 
 
+NAME = re.compile(r"checkpoint-(\d+)\.json$")
+
+
 def path(directory: str, index: int) -> str:
     return os.path.join(directory, f"checkpoint-{index}.json")
 
 
+def changes_path(directory: str, index: int) -> str:
+    return os.path.join(directory, f"checkpoint-{index}.changes.json")
+
+
 def save(directory: str, index: int, low_water: int, partitions: list, writers: int,
-         time_ms: int, sync: bool, readers: dict | None = None) -> None:
+         time_ms: int, sync: bool, readers: dict | None = None,
+         whole_id: str | None = None) -> None:
     """Replace writer `index`'s checkpoint; `partitions` is [topic, partition, state] of every
     incarnation of every source partition the writer holds; `readers` {reader index: earliest
-    sender time heard}."""
+    sender time heard}; `whole_id` names it for the changes written over it (save_changes),
+    and the changes of the one it replaces are removed."""
     data = {"version": VERSION, "writer": index, "writers": writers, "low_water": low_water,
             "time_ms": time_ms, "partitions": [list(entry) for entry in partitions],
             "readers": {str(r): t for r, t in (readers or {}).items()}}
+    if whole_id is not None:
+        data["id"] = whole_id
     files.replace_json(path(directory, index), data, sync)
+    try:
+        os.unlink(changes_path(directory, index))
+    except FileNotFoundError:
+        pass
+
+
+def save_changes(directory: str, index: int, whole_id: str, low_water: int, partitions: list,
+                 dropped: list, time_ms: int, sync: bool, readers: dict | None = None) -> None:
+    """Replace writer `index`'s changes over its whole checkpoint `whole_id`: `partitions`, the
+    entries (as save's) of every source partition changed since that one, `dropped` [topic,
+    partition] of those no longer held."""
+    data = {"version": VERSION, "writer": index, "changes_to": whole_id, "low_water": low_water,
+            "time_ms": time_ms, "partitions": [list(entry) for entry in partitions],
+            "dropped": [list(tp) for tp in dropped],
+            "readers": {str(r): t for r, t in (readers or {}).items()}}
+    files.replace_json(changes_path(directory, index), data, sync)
 
 
 def load(directory: str, index: int) -> dict | None:
@@ -61,7 +102,33 @@ def load(directory: str, index: int) -> dict | None:
     if data.get("version") != VERSION:
         raise CheckpointError(f"{path(directory, index)}: version {data.get('version')}, "
                               f"not {VERSION}")
-    return data
+    return merged(data, directory, index)
+
+
+def merged(data: dict, directory: str, index: int) -> dict:
+    """A whole checkpoint with the changes written over it merged in (see the module); alone
+    when there are none, or they are not its own (logged)."""
+    where = changes_path(directory, index)
+    try:
+        changes = files.read_json(where)
+    except (OSError, ValueError) as exc:
+        log.warning("checkpoint changes left out (the whole checkpoint is used): %s: %s",
+                    where, exc)
+        return data
+    if changes is None:
+        return data
+    if not isinstance(changes, dict) or changes.get("version") != VERSION or \
+            changes.get("writer") != data.get("writer") or data.get("id") is None or \
+            changes.get("changes_to") != data["id"]:
+        log.warning("checkpoint changes left out (the whole checkpoint is used): %s: they "
+                    "change another checkpoint than %s", where, path(directory, index))
+        return data
+    replaced = {(t, p) for t, p, _ in changes["partitions"]} | \
+        {tuple(tp) for tp in changes["dropped"]}
+    return {**data, "low_water": changes["low_water"], "time_ms": changes["time_ms"],
+            "readers": changes["readers"],
+            "partitions": [e for e in data["partitions"] if (e[0], e[1]) not in replaced] +
+            changes["partitions"]}
 
 
 def load_all(directory: str) -> list[dict]:
@@ -73,9 +140,9 @@ def load_all(directory: str) -> list[dict]:
     except OSError:
         return []
     for name in sorted(names):
-        if name.startswith("checkpoint-") and name.endswith(".json"):
+        if (match := NAME.match(name)) is not None:
             try:
-                data = load(directory, int(name[len("checkpoint-"):-len(".json")]))
+                data = load(directory, int(match.group(1)))
             except (ValueError, CheckpointError) as exc:
                 log.warning("checkpoint left out: %s", exc)
                 continue

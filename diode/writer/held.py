@@ -10,6 +10,9 @@ partitions that changed, not to those that exist (issue 36: 10 000 partitions, m
   becomes busy is always in it, and an idle one costs nothing per tick.
 - `changed`: the partitions touched since the metrics were last summed (`sums`): their
   duplicates, records waiting and open tickets are counted again, the others' kept.
+- `unsaved`: the partitions touched or passed by the expiry since the last checkpoint took them
+  (`take_unsaved`, diode.writer.recovery): only their states are compared with what the
+  checkpoints hold.
 
 This room owns the two sets and the sums; it does not own the partitions' states (the writer's
 `sources`: (topic, partition) -> SourcePartition), nor what expire() decides (the writer's)."""
@@ -33,6 +36,7 @@ class Held:
         self.sources = sources
         self.busy: dict = {}      # (topic, partition) -> None: an ordered set
         self.changed: set = set()
+        self.unsaved: set = set()
         self.tallies: dict = {}   # (topic, partition) -> Tally, of every partition summed
         self.oldest: dict = {}    # (topic, partition) -> its oldest open ticket (ms), if any
         self.duplicates = self.pending = self.tickets = 0
@@ -42,6 +46,7 @@ class Held:
         pass, and counted again by the next `sums`."""
         self.busy[tp] = None
         self.changed.add(tp)
+        self.unsaved.add(tp)
 
     def touched_all(self) -> None:
         """Every source partition (once, after the states were restored from checkpoints)."""
@@ -56,7 +61,13 @@ class Held:
             source = self.sources.get(tp)
             if source is not None:
                 self.changed.add(tp)
+                self.unsaved.add(tp)
                 yield tp, source
+
+    def take_unsaved(self) -> set:
+        """The partitions touched or expired since the last call (see `unsaved`)."""
+        unsaved, self.unsaved = self.unsaved, set()
+        return unsaved
 
     def still(self, tp: tuple, source) -> None:
         """After an expiry pass over `source`: kept in the set if a state has something left."""

@@ -43,7 +43,7 @@ class SourceView:
         """`settings`: the receiver's; `sources`: (topic, partition) -> SourcePartition, the
         writer's; `owns(topic, partition)`; `reporter`: the writer's Reporter; `emit(topic,
         key, value, headers)`: to the events producer; `sync`: writer 0's MetadataSync;
-        `touched(tp)`: a partition's tickets changed here (diode.writer.held)."""
+        `touched(tp)`: a partition's tickets or log start changed here (diode.writer.held)."""
         self.r, self.metrics, self.log = settings, metrics, log
         self.sources, self.owns, self.reporter, self.emit = sources, owns, reporter, emit
         self.sync = sync
@@ -70,8 +70,8 @@ class SourceView:
             self.source_state[key] = SourceLook(incarnation, log_start, end, state["time_ms"])
             source = self.sources.get(key)
             held = source.find(incarnation) if source is not None else None
-            if held is not None and held.gaps:
-                self.touched(key)
+            if held is not None and (held.gaps or log_start > held.log_start):
+                self.touched(key)  # (its tickets, or its log start, which its checkpoint holds)
             for first, last in held.source_starts(log_start) if held is not None else ():
                 ticket = held.ticket_at(first)
                 self.reporter.expired(topic, partition, first, last, incarnation,

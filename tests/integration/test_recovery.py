@@ -8,12 +8,17 @@ import json
 import time
 
 import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
 
-from diode.kafka import identity
+from diode.accounting.ordering import PartitionState, SourcePartition
+from diode.kafka import identity, recovery
 from diode.kafka.brokers import free_port
 from diode.errors import DiodeError
+from diode.kafka.preparer import Preparer
 from diode.kafka.recovery import last_reported, last_written
-from tests.conftest import RECENT_MS, create_topic, produce
+from diode.writer.recovery import Recovery
+from tests.conftest import RECENT_MS, create_topic, produce, wait_for
+from tests.unit.writer_fakes import LOG, metrics, settings as settings_of
 
 ONE, TWO = b"\x01" * 16, b"\x02" * 16  # two incarnations of each source partition
 
@@ -125,3 +130,58 @@ def test_an_unreachable_cluster_is_one_clear_error_within_the_timeout(call):
         call({"bootstrap.servers": where})
     assert time.monotonic() - started < 15  # the 3 s asked, not the default 30 s
     assert where in str(exc.value) and "3 s" in str(exc.value)
+
+
+def test_a_writer_restarting_among_many_topics_reads_them_all_with_one_consumer(
+        brokers, monkeypatch):
+    """What a restarted writer waits for in many source topics at once is read together: one
+    consumer (and one wait for the true end) for all of them, where it was one per topic, ~0.7 s
+    each (2 000 topics: writers killed for silence); each topic's answer is its own."""
+    destination = brokers[1]
+    settings = destination.client_config()
+    topics = [f"s{i}" for i in range(TOPICS)]
+    admin = AdminClient({"bootstrap.servers": destination.bootstrap})
+    for future in admin.create_topics([NewTopic(f"dst_{t}", 2) for t in topics] +
+                                      [NewTopic("missing", 1)]).values():
+        future.result(60)
+    # source partition p of topic i written up to offset i + p, then a record of s1[1]'s
+    # next incarnation; s3[0]'s offsets 10..12 reported missing
+    produce(destination.bootstrap, "", [
+        {**written(t, p, offset, partition=p), "topic": f"dst_{t}"}
+        for i, t in enumerate(topics) for p in range(2) for offset in range(i + p + 1)] +
+        [{**written(topics[1], 1, 50, TWO, partition=0), "topic": f"dst_{topics[1]}"}])
+    produce(destination.bootstrap, "missing", [event("missing", "s3", 0, 10, 12, RECENT_MS)])
+    made = []
+    consumer = recovery.Consumer
+    monkeypatch.setattr(recovery, "Consumer", lambda conf: made.append(conf) or consumer(conf))
+    preparer = Preparer(settings).start()
+    sources = {}
+
+    def state(topic, partition, incarnation, now=None):
+        source = sources.setdefault((topic, partition), SourcePartition())
+        if source.current is None:
+            source.current = PartitionState(0.0, incarnation=incarnation)
+        return source.current
+
+    rec = Recovery(settings_of(**{"missing.records.topic": "missing"}), metrics(), LOG,
+                   "unused", 0, 1, sources=sources, source_partitions=dict.fromkeys(topics, 2),
+                   owns=lambda t, p: True, name_of=lambda t: "dst_" + t, state=state,
+                   ask_holdings=preparer.holdings, resuming=True)
+    try:
+        for t in topics:
+            assert not rec.recover(t, 0, ONE)
+            rec.unrecovered[t].append((t, 0, ONE))  # (a claim waiting)
+        rec.ask_again()
+        handed = []
+        wait_for(lambda: [handed.extend(rec.recovered_by(a, 0.0)) for a in preparer.take()]
+                 and False or len(handed) == TOPICS, 60, "every topic's answer")
+    finally:
+        preparer.close()
+    assert len(made) == 1  # (one consumer for every topic, and the missing-records topic)
+    assert {tp: s.current.frontier for tp, s in sources.items()} == \
+        {(t, p): max(i + p, 12 if (t, p) == ("s3", 0) else -1)
+         for i, t in enumerate(topics) for p in range(2)}
+    assert sources[("s3", 0)].current.gaps == [[10, 12]]
+
+
+TOPICS = 20
