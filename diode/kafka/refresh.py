@@ -216,8 +216,10 @@ class PartitionWatcher(Looker):
                 ids[t] = self._fallback(client, t, owned, ends)
             resets, gone = self._identities.update(ids, set(unready.topics) | self._troubled)
             forget = set(resets) | set(gone)
-            self._handed = {tp for tp in self._handed if tp[0] not in forget}
-            new = sorted(tp for tp in owned - self._handed if tp[0] in ids)
+            if forget:
+                self._handed = {tp for tp in self._handed if tp[0] not in forget}
+            unhanded = owned - self._handed
+            new = sorted(tp for tp in unhanded if tp[0] in ids)
             committed = self._committed(client, new, unready)
             kept = {tp for tp in owned if tp[0] in ids and tp[0] not in resets}
             starts = start_offsets(admin, kept, unready) if stating else {}
@@ -237,7 +239,7 @@ class PartitionWatcher(Looker):
         self._handed.update((tp.topic, tp.partition) for tp in committed)
         confirmed = {tp: end for tp, end in ends.items() if tp[0] in ids and tp[0] not in resets}
         waiting = {tp: why for tp, why in unready.partitions.items() if tp not in self._handed}
-        waiting.update((tp, unready.topics[tp[0]]) for tp in owned - self._handed
+        waiting.update((tp, unready.topics[tp[0]]) for tp in unhanded
                        if tp[0] in unready.topics)
         return Found(dict(self._counts) if listing else {}, committed, None, self._cluster,
                      ids, confirmed, resets, gone, stale, unnamed, started, starts, settings,
