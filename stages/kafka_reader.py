@@ -31,10 +31,10 @@ watcher that changed it (diode.kafka.lineage).
 
 Over thousands of partitions its work per turn follows what changed, not what it reads: the
 source's state goes across whole every SOURCE_WHOLE_LOOKS looks and otherwise only what
-changed; a commit asks the consumer's position (past transaction markers) of the partitions
-whose sent position moved and of a slice of the others, in turn; the ends its own fetches saw
-are taken of the partitions read since the last time; reader 0's metadata is compared with what
-was sent once per look. Partitions the source does not answer for yet wait, and are told,
+changed; a commit asks the consumer's position (past transaction markers) of a bounded number
+of partitions whose end lies past what was sent, those whose sent position moved first, the
+others in turn; the ends its own fetches saw are taken of the partitions read since the last
+time; reader 0's metadata is compared with what was sent once per look. Partitions the source does not answer for yet wait, and are told,
 while the others are read (diode.kafka.refresh).
 
 `diode resend` runs stages.kafka_resender in this stage's place: this reader, reading a
