@@ -29,6 +29,14 @@ those whose claim changed and a bounded slice of the rest, in turn (diode.kafka.
 a restart needs to know is recorded at a heartbeat when it changed, and after a look of the
 watcher that changed it (diode.kafka.lineage).
 
+Over thousands of partitions its work per turn follows what changed, not what it reads: the
+source's state goes across whole every SOURCE_WHOLE_LOOKS looks and otherwise only what
+changed; a commit asks the consumer's position (past transaction markers) of a bounded number
+of partitions whose end lies past what was sent, those whose sent position moved first, the
+others in turn; the ends its own fetches saw are taken of the partitions read since the last
+time; reader 0's metadata is compared with what was sent once per look. Partitions the source does not answer for yet wait, and are told,
+while the others are read (diode.kafka.refresh).
+
 `diode resend` runs stages.kafka_resender in this stage's place: this reader, reading a
 manifest's ranges outside any chain, committing nothing, and finishing when they are sent.
 """
@@ -37,7 +45,7 @@ import os
 import re
 import time
 from collections import deque
-from itertools import groupby
+from itertools import groupby, islice
 from operator import itemgetter
 
 from confluent_kafka import (OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException,
@@ -60,6 +68,12 @@ MAX_DIGESTS_WAITING = 10000  # digests closed while the packers took nothing (th
 REFRESH_TAKE_SECONDS = 0.1  # how often the loop takes what the partition watcher found
 STOPPING_BEAT_SECONDS = 0.1
 ACK_WAIT_MS = 20  # how long a turn that reads nothing waits for acknowledgements
+POSITIONS_PER_COMMIT = 500  # partitions with nothing in flight whose consumer position a
+#                             commit asks, in turn (_consumed_past_last_record)
+FETCHED_ENDS_PER_LOOK = 1000  # partitions whose fetched end is taken after a look, at most
+WAITING_LOG_SECONDS = 60.0  # how often partitions the source has not answered for are told
+SOURCE_WHOLE_LOOKS = 6  # every this many looks at the source's state, all of it is sent
+LOGGED_PARTITIONS = 20      # partitions named in a log line (then how many more)
 
 
 class Stage(BaseStage):
@@ -98,12 +112,23 @@ class Stage(BaseStage):
         # what each heartbeat claims: what changed, a slice of the rest (diode.kafka.claims)
         self.claims = ClaimSlices(s.heartbeat_claims_max)
         self.remember_due = True  # what a restart needs to know changed (_memorize)
+        self.read_since: set = set()      # partitions read since their fetched ends were taken
+        self.position_turn = 0            # where the next commit's slice of positions starts
+        self.waiting: dict = {}           # partitions the watcher's last look could not hand
+        #                                   over (the source did not answer for them) -> why
+        self.waiting_told = 0.0           # when they were last logged
         self.out_of_range: dict = {}      # (topic, partition) whose position the source lost
         #                                   -> when that was seen
         self.epoch = int.from_bytes(os.urandom(3), "big") << 32
         self.seq = 0
         self.meta_sent = Sent()
+        # what was last sent of the source's state (_source_state): (topic, partition) ->
+        # [incarnation, log start, end], topic -> its settings; how many looks were sent
+        self.source_sent: dict = {}
+        self.settings_sent: dict = {}
+        self.source_looks = 0
         self.look = None  # the metadata watcher's latest look
+        self.look_sent = False  # whether what it changed was sent
         self.whole_wanted = False  # everything is sent with the next metadata (self.whole)
         self.consumed: list | None = None  # what the turn's consume call returned
         self.digests: deque = deque(maxlen=MAX_DIGESTS_WAITING)  # closed, not yet handed on
@@ -156,6 +181,7 @@ class Stage(BaseStage):
                 self.metrics.inc("errors", reason="metadata")
                 continue
             looked = True
+            self._waiting(found.waiting)
             if found.counts:
                 self.counts = found.counts
             if found.cluster != self.lineage.cluster:
@@ -202,9 +228,27 @@ class Stage(BaseStage):
             return
         self.remember_due = True
         self.consumer.incremental_assign(tps)
-        self.log.info("reading %d new partition(s): %s", len(tps),
-                      ", ".join(f"{t.topic}[{t.partition}]@{_where(t.offset)}" for t in tps))
+        self.log.info("reading %d new partition(s): %s", len(tps), _named(
+            [f"{t.topic}[{t.partition}]@{_where(t.offset)}" for t in tps]))
         self.metrics.set("partitions", len(self.assigned))
+
+    def _waiting(self, waiting: dict) -> None:
+        """Partitions the watcher could not hand over yet (the source did not answer for them:
+        a leader not elected yet, a coordinator loading): told when they come and every
+        WAITING_LOG_SECONDS while they last, and when the last of them is read."""
+        now = time.monotonic()
+        if waiting and (not self.waiting or now - self.waiting_told >= WAITING_LOG_SECONDS):
+            self.waiting_told = now
+            why = sorted(set(waiting.values()))
+            self.log.warning(
+                "%d source partition(s) not read yet: the source cluster did not answer for "
+                "them (%s); the others are read meanwhile, and these are asked for again at "
+                "every look: %s", len(waiting), "; ".join(why[:3]) + (" ..." if why[3:] else ""),
+                _named([f"{t}[{p}]" for t, p in sorted(waiting)]))
+        elif self.waiting and not waiting:
+            self.log.info("the source cluster answered for the %d partition(s) it had not: "
+                          "every partition found is read", len(self.waiting))
+        self.waiting = waiting
 
     # -- the source's identity ---------------------------------------------------------------
 
@@ -277,9 +321,16 @@ class Stage(BaseStage):
                 self.log.warning("could not read %s[%d] again: %s", tp[0], tp[1], exc)
 
     def _fetched_ends(self) -> dict:
-        """Each partition's end as this reader's own fetches saw it (no request is made)."""
+        """The end of each partition read since the last call (FETCHED_ENDS_PER_LOOK of them
+        at most: each costs librdkafka a search of every topic), as this reader's own fetches
+        saw it (no request is made). (One not read since: what its fetches saw was taken
+        then, or it had nothing to read, and its listed end is the watcher's.)"""
         highs = {}
-        for tp in self.assigned:
+        read = list(islice(self.read_since, FETCHED_ENDS_PER_LOOK))
+        self.read_since.difference_update(read)  # (bounded: the rest at the next looks)
+        for tp in read:
+            if tp not in self.assigned:
+                continue
             try:
                 high = self.consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)[1]
             except KafkaException:
@@ -453,6 +504,7 @@ class Stage(BaseStage):
         the offset before them in the chain (-1: they start one)."""
         prev = self.last_read.get(tp, -1)
         self.last_read[tp] = last
+        self.read_since.add(tp)
         self.remember_due = True
         self.chain_start.setdefault(tp, first)
         return prev
@@ -478,16 +530,34 @@ class Stage(BaseStage):
     def _source_state(self, found) -> None:
         """Send what a look at the source found (wire.KIND_SOURCE): per partition read, its
         incarnation, log start and end (the larger of the listed end and what fetches saw:
-        lineage.ends), per topic its retention settings."""
+        lineage.ends), per topic its retention settings. What changed since it was last sent
+        (a partition, or every partition of a topic whose settings changed), and all of it
+        every SOURCE_WHOLE_LOOKS looks: the receiver keeps what a look does not name
+        (diode.writer.source_view), and one that started late or lost a datagram has it all
+        within SOURCE_WHOLE_LOOKS looks."""
         ends = self.lineage.ends
         parts = [[t, p, found.incarnations[t], start, max(ends.get((t, p), 0), start)]
                  for (t, p), start in sorted(found.starts.items()) if t in found.incarnations]
         if not parts or self.out.full:
             return  # (the next look sends it again)
+        whole = not self.source_looks % SOURCE_WHOLE_LOOKS
+        self.source_looks += 1
+        settings = found.settings
+        if whole:  # (what was sent is forgotten: bounded by what is read now)
+            self.source_sent, self.settings_sent = {}, {}
+        else:
+            topics = {t for t, said in settings.items() if self.settings_sent.get(t) != said}
+            parts = [e for e in parts
+                     if e[0] in topics or self.source_sent.get((e[0], e[1])) != e[2:]]
+            if not parts:
+                return
+            settings = {t: settings[t] for t in {e[0] for e in parts} if t in settings}
         state = {"reader": self.ctx.spec.index, "time_ms": int(time.time() * 1000),
                  "cluster": self.lineage.cluster, "partitions": parts,
-                 "topics": [[t, *found.settings[t]] for t in sorted(found.settings)]}
+                 "topics": [[t, *settings[t]] for t in sorted(settings)]}
         self.out.put([SourceLook(state).encode()])
+        self.source_sent.update(((t, p), entry) for t, p, *entry in parts)
+        self.settings_sent.update(settings)
 
     def _send_metadata(self, now: float) -> None:
         """The source's metadata (wire.KIND_METADATA) as the watcher last found it: what
@@ -498,11 +568,12 @@ class Stage(BaseStage):
                                  look.error)
                 self.metrics.inc("errors", reason="metadata")
             else:
-                self.look = look
+                self.look, self.look_sent = look, False
         whole = self.whole_wanted
-        if self.look is None or self.out.full:
-            return  # (not sent: the next look tries again, _take_found)
+        if self.look is None or self.out.full or (self.look_sent and not whole):
+            return  # (not sent: the next look tries again, _take_found; or sent already)
         topics, positions = self.meta_sent.changes(self.look, whole)
+        self.look_sent = True  # (what changed in it is compared once, not at every turn)
         if not topics and not positions:
             return
         look = self.look
@@ -589,7 +660,7 @@ class Stage(BaseStage):
 
     def _commit(self, sync=False):
         changed = self.tracker.take_changed()
-        changed.update(self._consumed_past_last_record())
+        changed.update(self._consumed_past_last_record(changed))
         if not changed:
             return
         tps = [TopicPartition(t, p, offset, metadata=identity.metadata(
@@ -605,15 +676,29 @@ class Stage(BaseStage):
             self.tracker.retry(changed)  # the next commit covers these
             self.position_committed.clear()
 
-    def _consumed_past_last_record(self) -> dict:
+    def _consumed_past_last_record(self, changed: dict) -> dict:
         """Commit positions beyond the last record sent: a partition with nothing in flight is
         consumed up to the consumer's position, and what lies between its last record and that
         position holds nothing to send (transaction markers, aborted records). Without this a
-        transactional topic would show a lag of 1 (its last commit marker) forever."""
-        idle = [TopicPartition(t, p) for (t, p) in self.assigned if self.tracker.idle((t, p))]
+        transactional topic would show a lag of 1 (its last commit marker) forever. Asked of
+        the partitions whose sent position moved (`changed`) and of POSITIONS_PER_COMMIT
+        others, in turn (each within ceil(partitions / POSITIONS_PER_COMMIT) commits), those
+        of them whose end, as last looked at, lies past what was sent and committed: an idle
+        reader asks the consumer nothing (its position() costs a search of every topic per
+        partition in librdkafka: a third of a core for 10 000 partitions every second)."""
+        n = len(self.assigned)
+        turn = self.position_turn % n if n else 0
+        ask = list(islice(self.assigned, turn, turn + POSITIONS_PER_COMMIT))
+        if len(ask) < POSITIONS_PER_COMMIT:
+            ask += list(islice(self.assigned, 0, min(turn, POSITIONS_PER_COMMIT - len(ask))))
+        self.position_turn = turn + POSITIONS_PER_COMMIT
+        sent, ends, done = self.tracker.positions(), self.lineage.ends, self.position_committed
+        idle = [TopicPartition(t, p) for (t, p) in dict.fromkeys([*changed, *ask])
+                if (t, p) in self.assigned and self.tracker.idle((t, p)) and
+                ends.get((t, p), 0) > max(sent.get((t, p), 0), done.get((t, p), 0))]
+        del idle[POSITIONS_PER_COMMIT:]  # (bounded: the rest come in turn)
         if not idle:
             return {}
-        sent = self.tracker.positions()
         out = {}
         for tp in self.consumer.position(idle):
             key = (tp.topic, tp.partition)
@@ -667,6 +752,12 @@ class Stage(BaseStage):
         if self.metadata is not None:
             self.metadata.close()
         self.consumer.close()
+
+
+def _named(names: list) -> str:
+    """The first LOGGED_PARTITIONS of `names`, and how many more (a log line stays short)."""
+    more = len(names) - LOGGED_PARTITIONS
+    return ", ".join(names[:LOGGED_PARTITIONS]) + (f" and {more} more" if more > 0 else "")
 
 
 def _where(offset):

@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient
 
 from diode.kafka import groups
 from diode.kafka.clients import admin_config
-from diode.kafka.refresh import REQUEST_TIMEOUT, RETRY_SECONDS, Looker, hand, \
+from diode.kafka.refresh import REQUEST_TIMEOUT, RETRY_SECONDS, Looker, Unready, hand, \
     topic_configs, topic_ids
 
 log = logging.getLogger("diode.kafka.metadata")
@@ -71,9 +71,13 @@ class MetadataWatcher(Looker):
                 log.warning("%d replicated topics: the metadata of the first %d (by name) is "
                             "sent", len(counts), MAX_TOPICS)
                 counts = dict(sorted(counts.items())[:MAX_TOPICS])
-            ids = topic_ids(admin, sorted(counts))
-            configs = topic_configs(admin, sorted(ids), self.configs)
-            topics = {t: (ids[t], counts[t], configs.get(t, {})) for t in sorted(ids)}
+            # (a topic the cluster does not answer for yet is left out of this look: the
+            # next one has it, and the receiver keeps what a look does not name)
+            unready = Unready()
+            ids = topic_ids(admin, sorted(counts), unready)
+            configs = topic_configs(admin, sorted(ids), self.configs, unready)
+            topics = {t: (ids[t], counts[t], configs.get(t, {})) for t in sorted(ids)
+                      if t in configs or not self.configs}
             offsets = groups.read_group_offsets(admin, self.patterns, topics.__contains__,
                                                 REQUEST_TIMEOUT) if self.patterns else {}
         except KafkaException as exc:  # (a timeout too: tried again soon)

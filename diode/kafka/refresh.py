@@ -17,6 +17,13 @@ It looks in three ways:
 - every `state` seconds (source.state.interval.ms), the source's state: each partition's log
   start and end, each topic's retention settings, which the reader sends across the link.
 
+A look hands over what the cluster answered: a partition whose leader is not elected yet, or
+whose committed offset, end or topic id the cluster did not give this time (a broker making
+the logs of thousands of new partitions answers for them one by one, over minutes), is left out
+of it (`Found.waiting`, with why) and asked for again at the next look, RETRY_SECONDS later at
+most, while the others are read: one partition not ready never holds up the rest. A topic not
+answered for is not taken as gone. Only a look at which nothing answered fails whole.
+
 A topic whose id changed was deleted and recreated (or its cluster rebuilt): it is handed over
 again as a reset, its partitions anew with the committed offsets that belong to the new
 incarnation; a topic gone from the cluster is handed over as gone. The ends are taken before
@@ -31,9 +38,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import wait
 from typing import NamedTuple
 
-from confluent_kafka import Consumer, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 
 from diode.kafka import identity
@@ -63,6 +71,23 @@ class Found(NamedTuple):
     starts: dict = {}   # (topic, partition) -> log start: the first offset the source holds
     #                     (only in a look at the source's state, every `state` seconds)
     settings: dict = {}  # topic -> (retention.ms, retention.bytes, cleanup.policy), the same
+    waiting: dict = {}  # (topic, partition) not handed over (no id, no committed offset
+    #                     answered) -> why: asked for again at the next look
+
+
+class Unready:
+    """What the cluster did not answer for in one look, and why (the first reason of each
+    kind kept): partitions, and topics whose id it did not give."""
+
+    def __init__(self):
+        self.partitions: dict = {}  # (topic, partition) -> why
+        self.topics: dict = {}      # topic -> why
+
+    def partition(self, tp, why: str) -> None:
+        self.partitions.setdefault(tp, why)
+
+    def topic(self, topic: str, why: str) -> None:
+        self.topics.setdefault(topic, why)
 
 
 class Identities:
@@ -75,14 +100,15 @@ class Identities:
         self.known: dict = dict(known or {})
         self.present: set = set(self.known)  # topics seen in the last look
 
-    def update(self, ids: dict) -> tuple[dict, list]:
-        """`ids`: topic -> incarnation of the topics the reader reads that the cluster has now.
+    def update(self, ids: dict, unsure=()) -> tuple[dict, list]:
+        """`ids`: topic -> incarnation of the topics the reader reads that the cluster has now;
+        `unsure`: topics it has whose id it did not give this time (neither gone nor come).
         Returns (resets: topic -> (old, new), gone: topics that were there and are not)."""
         resets = {t: (self.known[t], inc) for t, inc in ids.items()
                   if t in self.known and self.known[t] != inc}
-        gone = sorted(self.present - set(ids))
+        gone = sorted(self.present - set(ids) - set(unsure))
         self.known.update(ids)
-        self.present = set(ids)
+        self.present = set(ids) | (self.present & set(unsure))
         return resets, gone
 
 
@@ -130,6 +156,7 @@ class PartitionWatcher(Looker):
         self._wake = threading.Event()
         self._handed: set = set()  # pairs whose committed offsets went to the loop
         self._counts: dict = {}    # the last topic listing
+        self._troubled: set = set()  # topics it named with an error
         self._cluster = ""
         self._identities = Identities(known)
         self._renew: set = set()   # topics without an id found recreated by the loop
@@ -157,9 +184,10 @@ class PartitionWatcher(Looker):
                 if stating and found.error is None:
                     next_state = time.monotonic() + self.state
                 self._hand(found)
-                # (a failure, often a coordinator still loading at start, is retried soon)
-                woken = self._wake.wait(self.check if found.error is None else
-                                        min(self.check, RETRY_SECONDS))
+                # (a failure, often a coordinator still loading at start, is retried soon, and
+                # so is what the cluster did not answer for)
+                woken = self._wake.wait(self.check if found.error is None and not found.waiting
+                                        else min(self.check, RETRY_SECONDS))
                 self._wake.clear()
         finally:
             client.close()
@@ -167,31 +195,36 @@ class PartitionWatcher(Looker):
     def _look(self, client, admin, listing: bool, woken: bool, stating: bool = False) -> Found:
         """The topics (when `listing`), the incarnations, and the ends (when listing, woken or
         `stating`: the ends cost a request per partition leader, the ids one); with `stating`
-        the log starts and the topics' retention settings too."""
+        the log starts and the topics' retention settings too. What the cluster did not answer
+        for is left out (`Found.waiting`); the look fails only when nothing answered."""
         started = time.monotonic()
+        unready = Unready()
         try:
             if listing or not self._counts:
                 self._list(admin)
-            owned, ends, ids = self._identify(admin, listing or woken or stating)
-            if not listing and (set(ids) != {t for t, _ in owned} or any(
+            owned, ends, ids = self._identify(admin, listing or woken or stating, unready)
+            if not listing and (set(ids) | set(unready.topics) != {t for t, _ in owned} or any(
                     self._identities.known.get(t, inc) != inc for t, inc in ids.items()
                     if inc != NO_INCARNATION)):
                 # a topic went, or came back as another: its partitions may be others now
                 listing = True
                 self._list(admin)
-                owned, ends, ids = self._identify(admin, True)
+                unready = Unready()
+                owned, ends, ids = self._identify(admin, True, unready)
             unnamed = {t for t, inc in ids.items() if inc == NO_INCARNATION}
             for t in unnamed:
                 ids[t] = self._fallback(client, t, owned, ends)
-            resets, gone = self._identities.update(ids)
+            resets, gone = self._identities.update(ids, set(unready.topics) | self._troubled)
             forget = set(resets) | set(gone)
-            self._handed = {tp for tp in self._handed if tp[0] not in forget}
-            new = sorted(tp for tp in owned - self._handed if tp[0] in ids)
-            committed = client.committed([TopicPartition(t, p) for t, p in new],
-                                         timeout=COMMITTED_TIMEOUT) if new else []
+            if forget:
+                self._handed = {tp for tp in self._handed if tp[0] not in forget}
+            unhanded = owned - self._handed
+            new = sorted(tp for tp in unhanded if tp[0] in ids)
+            committed = self._committed(client, new, unready)
             kept = {tp for tp in owned if tp[0] in ids and tp[0] not in resets}
-            starts = start_offsets(admin, kept) if stating else {}
-            settings = topic_settings(admin, sorted({t for t, _ in kept})) if stating else {}
+            starts = start_offsets(admin, kept, unready) if stating else {}
+            settings = topic_settings(admin, sorted({t for t, _ in kept}), unready) \
+                if stating else {}
         except KafkaException as exc:  # (a timeout too: tried again next time)
             return Found({}, [], str(exc))
         stale = []
@@ -205,8 +238,33 @@ class PartitionWatcher(Looker):
                 tp.offset = -1001  # OFFSET_INVALID: none
         self._handed.update((tp.topic, tp.partition) for tp in committed)
         confirmed = {tp: end for tp, end in ends.items() if tp[0] in ids and tp[0] not in resets}
+        waiting = {tp: why for tp, why in unready.partitions.items() if tp not in self._handed}
+        waiting.update((tp, unready.topics[tp[0]]) for tp in unhanded
+                       if tp[0] in unready.topics)
         return Found(dict(self._counts) if listing else {}, committed, None, self._cluster,
-                     ids, confirmed, resets, gone, stale, unnamed, started, starts, settings)
+                     ids, confirmed, resets, gone, stale, unnamed, started, starts, settings,
+                     waiting)
+
+    def _committed(self, client, new: list, unready: Unready) -> list:
+        """The committed offsets of the `new` pairs that the cluster answered for (those it
+        did not: `unready`, asked again at the next look)."""
+        if not new:
+            return []
+        try:
+            answered = client.committed([TopicPartition(t, p) for t, p in new],
+                                        timeout=COMMITTED_TIMEOUT)
+        except KafkaException as exc:  # (the group's coordinator: none of them answered)
+            for tp in new:
+                unready.partition(tp, f"committed offset: {exc.args[0].str()}")
+            return []
+        out = []
+        for tp in answered:
+            if tp.error is not None:
+                unready.partition((tp.topic, tp.partition),
+                                  f"committed offset: {tp.error.str()}")
+            else:
+                out.append(tp)
+        return out
 
     def _list(self, admin) -> None:
         # (by the admin client: its listing refreshes the metadata its offset requests use,
@@ -215,13 +273,15 @@ class PartitionWatcher(Looker):
         self._cluster = md.cluster_id or ""
         self._counts = {name: len(t.partitions) for name, t in md.topics.items()
                         if t.error is None}
+        # (a topic the listing names with an error, a leader not elected yet, is not gone)
+        self._troubled = {name for name, t in md.topics.items() if t.error is not None}
 
-    def _identify(self, admin, with_ends: bool) -> tuple:
+    def _identify(self, admin, with_ends: bool, unready: Unready) -> tuple:
         """(owned pairs, their ends or {}, the incarnations of their topics), the ends asked
-        first."""
+        first; what the cluster did not answer for in `unready`."""
         owned = self.owned(self._counts)
-        ends = end_offsets(admin, owned) if with_ends else {}
-        return owned, ends, topic_ids(admin, sorted({t for t, _ in owned}))
+        ends = end_offsets(admin, owned, unready) if with_ends else {}
+        return owned, ends, topic_ids(admin, sorted({t for t, _ in owned}), unready)
 
     def _fallback(self, client, topic: str, owned: set, ends: dict) -> bytes:
         """The incarnation of a topic whose broker gives no id (diode.kafka.identity): the one
@@ -271,63 +331,79 @@ def hand(q: queue.Queue, item, stop: threading.Event) -> None:
             continue
 
 
-def topic_ids(admin, topics: list) -> dict:
+def topic_ids(admin, topics: list, unready: Unready | None = None) -> dict:
     """topic -> incarnation (NO_INCARNATION where the broker gives no topic id) of those of
-    `topics` the cluster has; one that it does not have is left out."""
+    `topics` the cluster has; one that it does not have is left out, and so is one it did
+    not answer for (in `unready`; without it, that fails the call)."""
     if not topics:
         return {}
-    out = {}
     futures = admin.describe_topics(TopicCollection(topics), request_timeout=REQUEST_TIMEOUT)
-    for topic, future in futures.items():
-        try:
-            out[topic] = identity.from_uuid(future.result(REQUEST_TIMEOUT + 5).topic_id)
-        except KafkaException as exc:
+    return {topic: identity.from_uuid(described.topic_id) for topic, described in answers(
+        futures, lambda topic, why: unready.topic(topic, f"topic id: {why}"),
+        unready is not None)}
+
+
+def answers(futures: dict, unanswered, partial: bool = True):
+    """(key, result) of each of an admin request's `futures` that answered within
+    REQUEST_TIMEOUT + 5 s (all of them waited for together); a key the cluster does not have
+    (deleted meanwhile) is left out. One that failed otherwise, or did not answer in time, is
+    left out too, told to `unanswered(key, why)`, when `partial` and something else answered;
+    else a KafkaException is raised (nothing answered: the cluster could not be read)."""
+    wait(futures.values(), timeout=REQUEST_TIMEOUT + 5)
+    out, failed = [], None
+    for key, future in futures.items():
+        if not future.done():  # (a TimeoutError from result() ended the watcher's thread)
+            exc = KafkaException(KafkaError(KafkaError._TIMED_OUT, "no answer in time"))
+        else:
+            try:
+                out.append((key, future.result(0)))
+                continue
+            except KafkaException as caught:
+                exc = caught
             if exc.args[0].code() in UNKNOWN_TOPIC_CODES:
                 continue  # (deleted meanwhile)
-            raise
+        if not partial:
+            raise exc
+        failed = failed or exc
+        unanswered(key, exc.args[0].str())
+    if failed is not None and not out:
+        raise failed
     return out
 
 
-def end_offsets(admin, pairs) -> dict:
+def end_offsets(admin, pairs, unready: Unready | None = None) -> dict:
     """(topic, partition) -> end offset (the next to be written). A partition the cluster no
-    longer has is left out."""
-    return _offsets(admin, pairs, OffsetSpec.latest())
+    longer has is left out, and one it did not answer for (see topic_ids)."""
+    return _offsets(admin, pairs, OffsetSpec.latest(), unready is not None)
 
 
-def start_offsets(admin, pairs) -> dict:
+def start_offsets(admin, pairs, unready: Unready | None = None) -> dict:
     """(topic, partition) -> log start (the first offset the partition still holds)."""
-    return _offsets(admin, pairs, OffsetSpec.earliest())
+    return _offsets(admin, pairs, OffsetSpec.earliest(), unready is not None)
 
 
 SETTINGS = ("retention.ms", "retention.bytes", "cleanup.policy")
 
 
-def topic_settings(admin, topics: list) -> dict:
+def topic_settings(admin, topics: list, unready: Unready | None = None) -> dict:
     """topic -> (retention.ms, retention.bytes, cleanup.policy) as the cluster says them
     (wire.UNKNOWN, or "" for the policy, where it does not: Tansu gives only what was set)."""
     return {topic: (_long(said.get("retention.ms")), _long(said.get("retention.bytes")),
                     said.get("cleanup.policy", ""))
-            for topic, said in topic_configs(admin, topics, SETTINGS).items()}
+            for topic, said in topic_configs(admin, topics, SETTINGS, unready).items()}
 
 
-def topic_configs(admin, topics: list, names: list) -> dict:
+def topic_configs(admin, topics: list, names: list, unready: Unready | None = None) -> dict:
     """topic -> {config: value} of `names` as the cluster describes them (those it says
-    nothing of, or gives no value, left out)."""
+    nothing of, or gives no value, left out; a topic it did not answer for, see topic_ids)."""
     if not topics or not names:
         return {}
     futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in topics],
                                      request_timeout=REQUEST_TIMEOUT)
-    out = {}
-    for resource, future in futures.items():
-        try:
-            described = future.result(REQUEST_TIMEOUT + 5)
-        except KafkaException as exc:
-            if exc.args[0].code() in UNKNOWN_TOPIC_CODES:
-                continue  # (deleted meanwhile)
-            raise
-        out[resource.name] = {k: str(described[k].value) for k in names
-                              if k in described and described[k].value is not None}
-    return out
+    # (a topic whose settings were not answered is simply not in this look: not `waiting`)
+    return {resource.name: {k: str(described[k].value) for k in names
+                            if k in described and described[k].value is not None}
+            for resource, described in answers(futures, lambda *_: None, unready is not None)}
 
 
 def _long(value) -> int:
@@ -337,20 +413,15 @@ def _long(value) -> int:
         return UNKNOWN
 
 
-def _offsets(admin, pairs, spec) -> dict:
+def _offsets(admin, pairs, spec, partial: bool) -> dict:
     if not pairs:
         return {}
     futures = admin.list_offsets({TopicPartition(t, p): spec for t, p in pairs},
                                  request_timeout=REQUEST_TIMEOUT)
-    out = {}
-    for tp, future in futures.items():
-        try:
-            out[(tp.topic, tp.partition)] = future.result(REQUEST_TIMEOUT + 5).offset
-        except KafkaException as exc:
-            if exc.args[0].code() in UNKNOWN_TOPIC_CODES:
-                continue
-            raise
-    return out
+    # (an end or a start not answered is not `waiting`: the partition is read without it, and
+    # the next look asks again)
+    return {(tp.topic, tp.partition): info.offset
+            for tp, info in answers(futures, lambda *_: None, partial)}
 
 
 UNKNOWN_TOPIC_CODES = {3, 100}  # UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID

@@ -147,16 +147,17 @@ def test_heartbeats_claim_what_changed_at_once_the_rest_in_turn_and_all_when_sto
         return [m.beat for m in handed if type(m) is messages.Heartbeat]
     try:
         turns(r, out, acks, lambda h: records(h) == RECORDS)
+        last = {p: RECORDS // partitions - 1 + (p < RECORDS % partitions) for p in
+                range(partitions)}
         # (its look at the source has found every partition's end, which each claim names:
-        # finding them changes every claim at once, when the look comes)
-        turns(r, out, acks, lambda h: len(r.lineage.ends) == partitions and
-              not r.tracker.inflight)
+        # finding them changes every claim at once, when the look comes; Tansu lists an end
+        # short, the look after the reader's fetches saw it gives it whole)
+        turns(r, out, acks, lambda h: not r.tracker.inflight and all(
+            r.lineage.ends.get(("t", p)) == last[p] + 1 for p in range(partitions)))
         # idle: every heartbeat names at most `most` partitions, and any K in a row all of them
         idle, _ = turns(r, out, acks, lambda h: len(beats(h)) >= 3 * k + 2)
         idle = [claimed(b) for b in beats(idle)][2:]  # (the first may still name what was sent)
         assert all(len(c) <= most for c in idle), idle
-        last = {p: RECORDS // partitions - 1 + (p < RECORDS % partitions) for p in
-                range(partitions)}
         for i in range(len(idle) - k + 1):
             window = {}
             for c in idle[i:i + k]:
@@ -237,3 +238,67 @@ def test_a_reader_killed_as_its_topic_is_recreated_claims_the_old_end_it_had_see
     retired = {(p[0], p[1], identity.text(p[2]), p[5]) for m in handed
                if type(m) is messages.Heartbeat for p in m.beat["partitions"] if p[6]}
     assert retired == {("t", 0, old, RECORDS - 1)}, retired
+
+
+class Positions:
+    """A consumer whose position() calls are recorded (the partitions asked, each call)."""
+
+    def __init__(self, consumer):
+        self.consumer, self.asked = consumer, []
+
+    def position(self, tps):
+        self.asked.append({(tp.topic, tp.partition) for tp in tps})
+        return self.consumer.position(tps)
+
+    def __getattr__(self, name):
+        return getattr(self.consumer, name)
+
+
+@only_on("tansu")  # (what the reader sends of its looks is its own doing, not the broker's)
+def test_an_idle_reader_sends_its_source_whole_only_in_turn_and_then_what_changed(
+        zctx, start_brokers, broker_kind, tmp_path, monkeypatch):
+    """The source's state (wire.KIND_SOURCE) goes across whole every SOURCE_WHOLE_LOOKS looks
+    and, between, only the partitions whose log start or end changed: an idle reader of 10 000
+    partitions sent them all every 10 s (and its packer encoded them). Its commits ask the
+    consumer's position of no partition whose end is what was sent, where they asked them all
+    every second (a third of a core at 10 000)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(kafka_reader, "SOURCE_WHOLE_LOOKS", 3)
+    partitions = 3
+    [src] = start_brokers(broker_kind, "source")
+    create_topic(src.bootstrap, "t", partitions)
+    produce(src.bootstrap, "t", [{"value": b"r%d" % i, "partition": i % partitions}
+                                 for i in range(RECORDS)])
+    last = {p: RECORDS // partitions - 1 + (p < RECORDS % partitions) for p in range(partitions)}
+    t = reader_topology(src.bootstrap, **{"identity.check.interval.ms": 50,
+                                          "source.state.interval.ms": 50,
+                                          "offset.commit.interval.ms": 50})
+    out = sink(zctx, "sender", "packer")
+    r = open_reader(zctx, t, kafka_reader.Stage)
+    r.consumer = Positions(r.consumer)
+    acks = transport.push(zctx, ["inproc://sender-kafka_reader-0.acks"], 1000)
+
+    def looks(handed):
+        return [{p[1]: p[4] for p in m.state["partitions"]} for m in handed
+                if type(m) is messages.SourceLook]
+    whole = {p: last[p] + 1 for p in range(partitions)}  # (each partition's end)
+    try:
+        turns(r, out, acks, lambda h: records(h) == RECORDS)
+        turns(r, out, acks, lambda h: whole in looks(h))
+        # idle: of 9 looks, the 3 in turn go, whole; the others send nothing
+        first = r.source_looks
+        idle, _ = turns(r, out, acks, lambda h: r.source_looks >= first + 9)
+        wholes = sum(1 for n in range(first, r.source_looks) if n % 3 == 0)
+        assert looks(idle) == [whole] * wholes, (first, r.source_looks, looks(idle))
+        # idle commits (one per heartbeat here) ask the consumer for no position: every end is
+        # what was sent
+        r.consumer.asked = []
+        turns(r, out, acks, lambda h: sum(type(m) is messages.Heartbeat for m in h) >= 10)
+        assert r.consumer.asked == []
+        # a record in partition 1: the next look that is not whole names it alone
+        monkeypatch.setattr(kafka_reader, "SOURCE_WHOLE_LOOKS", 10 ** 9)
+        produce(src.bootstrap, "t", [{"value": b"late", "partition": 1}])
+        changed, _ = turns(r, out, acks, lambda h: any(1 in look for look in looks(h)))
+        assert [look for look in looks(changed) if 1 in look] == [{1: whole[1] + 1}]
+    finally:
+        r.close()
