@@ -43,7 +43,7 @@ def claim(partition: int, named: int) -> messages.Claim:
 
 
 def test_a_chain_named_before_the_reader_was_first_heard_is_joined_one_named_after_seen_start(
-        writer, caplog):
+        writer, caplog):  # noqa: F811 (the fixture)
     writer._heard(0, HEARD)  # (the receiver first heard the reader then)
     writer._claim(claim(1, NAMED_BEFORE))  # (an idle partition's turn came: joined)
     writer._claim(claim(2, NAMED_AFTER))   # (a chain started since: seen start)
