@@ -28,7 +28,7 @@ from diode.link.records import NO_INCARNATION
 from diode.runtime import messages
 from diode.runtime.metrics import Metrics
 from stages import packer, unpacker
-from writer_partitions import fill, per_call, writer
+from benchlib.writer_cost import fill, per_call, writer
 
 LAST = 1000        # the last offset sent of every partition, as the writer's states hold it
 DATAGRAM = 1472    # link.datagram.size.bytes (an MTU of 1500)
@@ -68,7 +68,7 @@ def sealing_packer():
                         metrics=Metrics({"stage": "packer"}), out=[])
     p._emit = lambda *a: None
     p._put = lambda datagrams, meta: p.out.extend(datagrams)
-    p._chunks = lambda parts, cluster: packer.Stage._chunks(p, parts, cluster)
+    p._seal_fitted = lambda *a, **k: packer.Stage._seal_fitted(p, *a, **k)
     return p
 
 

@@ -44,6 +44,8 @@ from diode.link.records import provenance_headers
 from diode.runtime.worker import Stage as BaseStage
 
 DEAD_LETTERS_WAITING = 8  # dead letters (each over sender.max.record.bytes) held at most
+FIT_SAMPLE = 16          # entries of a heartbeat, source look or digests measured to chunk them
+FIT_MARGIN = 0.9         # of a datagram the chunks are sized to fill (the rest for longer names)
 
 
 class Stage(BaseStage):
@@ -204,40 +206,37 @@ class Stage(BaseStage):
         beat = message.beat
         self._emit(*self.builder.flush())
         flags = wire.FLAG_STOPPING if beat.get("stopping") else 0  # (the reader stops cleanly)
-        named, at, datagrams = beat.get("named_ms"), 0, []
-        for c in self._chunks(beat["partitions"], beat.get("cluster", "")):
-            part = {**beat, "partitions": c}
-            if named is not None:
-                part["named_ms"] = named[at:at + len(c)]
-                at += len(c)
-            datagrams.append(self.sealer.seal(wire.encode_heartbeat(part), wire.KIND_HEARTBEAT,
-                                              flags=flags))
-        self._put(datagrams, [[] for _ in datagrams])
-        self.metrics.inc("heartbeat_datagrams", len(datagrams))
+        named = beat.get("named_ms")
+        if named is None:
+            def encode(chunk):
+                return wire.encode_heartbeat({**beat, "partitions": chunk})
+            parts = beat["partitions"]
+        else:
+            def encode(chunk):
+                return wire.encode_heartbeat({**beat, "partitions": [c for c, _ in chunk],
+                                              "named_ms": [n for _, n in chunk]})
+            parts = list(zip(beat["partitions"], named))
+        self._seal_fitted(parts, encode, wire.KIND_HEARTBEAT, flags)
 
     def _source(self, message: SourceLook, frames):
         """Seal a reader's look at its source (wire.KIND_SOURCE), split over as many datagrams
         as its partitions need, each with the retention of the topics it names."""
         state = message.state
         topics = {t[0]: t for t in state["topics"]}
-        datagrams = []
-        for chunk in self._chunks(state["partitions"], state["cluster"]):
+
+        def encode(chunk):
             named = sorted({p[0] for p in chunk})
-            datagrams.append(self.sealer.seal(wire.encode_source(
-                {**state, "partitions": chunk, "topics": [topics[t] for t in named
-                                                          if t in topics]}), wire.KIND_SOURCE))
-        self._put(datagrams, [[] for _ in datagrams])
-        self.metrics.inc("heartbeat_datagrams", len(datagrams))
+            return wire.encode_source({**state, "partitions": chunk,
+                                       "topics": [topics[t] for t in named if t in topics]})
+        self._seal_fitted(state["partitions"], encode, wire.KIND_SOURCE)
 
     def _digests(self, message: DigestBatch, frames):
         """Seal a reader's digests of ranges read (wire.KIND_DIGEST), as many datagrams as
         they need."""
         batch = message.batch
-        datagrams = [self.sealer.seal(wire.encode_digests({**batch, "partitions": chunk}),
-                                      wire.KIND_DIGEST)
-                     for chunk in self._chunks(batch["partitions"], batch["cluster"])]
-        self._put(datagrams, [[] for _ in datagrams])
-        self.metrics.inc("heartbeat_datagrams", len(datagrams))
+        self._seal_fitted(batch["partitions"],
+                          lambda chunk: wire.encode_digests({**batch, "partitions": chunk}),
+                          wire.KIND_DIGEST)
 
     def _metadata(self, message: MetadataLook, frames):
         """Seal the source's metadata (wire.KIND_METADATA), its topics and group offsets over
@@ -265,21 +264,29 @@ class Stage(BaseStage):
         self._put(datagrams, [[] for _ in datagrams])
         self.metrics.inc("heartbeat_datagrams", len(datagrams))
 
-    def _chunks(self, parts: list, cluster: str) -> list:
-        """`parts` (per-partition entries, the topic first) in chunks that each fit a datagram,
-        with room for a topic's settings per entry."""
+    def _seal_fitted(self, parts: list, encode, kind: int, flags: int = 0) -> None:
+        """Seal `parts` (per-partition entries), `encode(chunk)` making a chunk's payload, over
+        as few datagrams as they fit in, and hand them on in order. The chunks hold as many
+        entries as the first ones' encoded size says fit; a chunk whose payload turns out too
+        large is halved and encoded again (long topic names further on)."""
         room = self.builder.budget
-        base = 200 + len(cluster.encode())
-        chunks, chunk, size = [], [], base
-        for entry in parts:
-            n = 2 * len(entry[0].encode()) + 140  # (the topic, 16 bytes, longs; its settings)
-            if chunk and size + n > room:
-                chunks.append(chunk)
-                chunk, size = [], base
-            chunk.append(entry)
-            size += n
-        chunks.append(chunk)
-        return chunks
+        base = len(encode([]))
+        sample = parts[:FIT_SAMPLE]
+        per = (len(encode(sample)) - base) / len(sample) if sample else 1.0
+        n = max(1, int((room - base) / max(per, 1.0) * FIT_MARGIN))
+        todo = [parts[i:i + n] for i in range(0, len(parts), n)][::-1] or [[]]
+        payloads = []
+        while todo:  # (a stack: the first chunk last)
+            chunk = todo.pop()
+            payload = encode(chunk)
+            if len(payload) > room and len(chunk) > 1:
+                half = len(chunk) // 2
+                todo += [chunk[half:], chunk[:half]]
+                continue
+            payloads.append(payload)
+        datagrams = [self.sealer.seal(p, kind, flags=flags) for p in payloads]
+        self._put(datagrams, [[] for _ in datagrams])
+        self.metrics.inc("heartbeat_datagrams", len(datagrams))
 
     # -- records too large for a datagram ----------------------------------------------------
 

@@ -452,6 +452,36 @@ def test_packer_seals_a_readers_heartbeat_after_what_it_holds(zctx):
     assert beats[0]["cluster"] == "c"
 
 
+def test_a_heartbeat_of_many_claims_fills_its_datagrams_each_claim_once_with_its_named_time(
+        zctx):
+    """A heartbeat of 1 000 idle partitions crosses in about as many datagrams as its bytes
+    need (163 when each claim was given room for a topic's settings it does not carry: the
+    receiver opened five times the datagrams), every claim once, in order, with when its chain
+    was first named; topic names longer than the first ones measured still fit a datagram."""
+    p, feed, out = packer_wired(zctx)
+    inc = bytes(range(16))
+    claims = [[f"t{p_ // 5:03d}", p_ % 5, inc, 0, 4, 4, False] for p_ in range(900)]
+    claims += [["x" * 200, p_, inc, 0, 4, 4, False] for p_ in range(100)]  # (longer, after)
+    named = [1000 + i // 7 for i in range(len(claims))]
+    beat = {"reader": 0, "time_ms": 5000, "interval_ms": 1000, "partitions": claims,
+            "named_ms": named, "cluster": "c", "counters": {"records": 5}}
+    feed.send_multipart([messages.Heartbeat(beat).encode()])
+    keyring = crypto.Keyring(1, MASTER)
+    got, got_named, sizes = [], [], []
+    deadline = time.monotonic() + 5
+    while len(got) < len(claims) and time.monotonic() < deadline:
+        for dg, _ in packer_step(p, out):
+            sizes.append(len(dg))
+            h, payload = wire.unseal(dg, keyring)
+            b = wire.decode_heartbeat(payload)
+            got += [list(c) for c in b["partitions"]]
+            got_named += b["named_ms"]
+    assert got == claims and got_named == named
+    assert max(sizes) <= 1472
+    assert len(sizes) <= sum(sizes) // (1472 * 0.8) + 1, sizes  # (filled, not a fifth full)
+    p.close()
+
+
 def test_a_stopping_readers_heartbeat_crosses_marked_stopping(zctx):
     """A reader's last heartbeats, as it stops cleanly, are marked stopping in their header
     (authenticated): the unpacker hands the writers the beat with that mark, and a beat not so
