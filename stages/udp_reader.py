@@ -200,11 +200,13 @@ class Stage(BaseStage):
     # -- what the loop does (diode.runtime.worker.Stage.step) ---------------------------------
 
     def before_input(self, now):
-        """Whether the unpackers have room, and whether everything read has gone on: only
-        then is the socket waited on (with nothing to forward but what comes)."""
-        self.room = all(o.flush() for o in self.outs)
+        """Whether the unpackers have room, and whether everything read has gone on. The turn
+        waits (up to POLL_MS) unless there is room and something journaled to forward: for a
+        datagram, and while an unpacker is behind, for it to take something as well (_wait)."""
+        flushed = [o.flush() for o in self.outs]  # (each one, not up to the first behind)
+        self.room = all(flushed)
         self.caught_up = self.cursor == self.end
-        return self.POLL_MS if self.room and self.caught_up else 0
+        return 0 if self.room and not self.caught_up else self.POLL_MS
 
     def poll_input(self, wait_ms: int) -> list:
         """The socket is this stage's input: the turn's batch (_receive), after waiting up to
@@ -230,13 +232,20 @@ class Stage(BaseStage):
 
     def after_input(self, now):
         """Forward a batch from the journal when there is room (its mark goes out at the start
-        of a later turn: _mark_due); without room, wait a moment for it."""
-        if self.room and all(o.flush() for o in self.outs):
-            if self.cursor < self.end:
-                self._forward_from_journal()
-        elif not self.batch:
-            time.sleep(0.001)
+        of a later turn: _mark_due); without room, the next turn waits for it (_wait)."""
+        if self.room and self.cursor < self.end and all(o.flush() for o in self.outs):
+            self._forward_from_journal()
         return True
+
+    def _wait(self, wait_ms: int, read: bool) -> bool:
+        """Wait up to `wait_ms` for an unpacker that was behind to take something, a replay to
+        be asked for, or (`read`) a datagram: the turns of a reader held back by its unpackers
+        (a destination outage) are as few as those of an idle one. True when one came."""
+        if not wait_ms:
+            return True
+        return transport.wait_for_room(self.outs, wait_ms,
+                                       (self.control, self.sock.fileno()) if read else
+                                       (self.control,))
 
     def finish(self, now):
         """Stopping (a head stage: nothing more is read): a last mark. What is journaled and
@@ -251,6 +260,7 @@ class Stage(BaseStage):
         reading, unbeating, until the supervisor kills it); none while the unpackers are
         behind and there is no journal to hold them (the kernel buffer absorbs the burst)."""
         if not self.room and (self.journal is None or self.journal_failing):
+            self._wait(wait_ms, False)
             return []
         limit = BATCH_DATAGRAMS * len(self.outs)
         if self.journal is not None and not self.journal_failing:
@@ -258,12 +268,12 @@ class Stage(BaseStage):
             limit = min(limit, max(0, room) // (MAX_DATAGRAM + RECORD_HEADER))
             if limit == 0:
                 self._full(True)
-                if wait_ms:  # (nothing to forward either: wait for the housekeeping's
-                    self.control.poll(wait_ms)  # release, or a replay asked for)
+                if wait_ms:  # (wait for room, the housekeeping's release, a replay asked for)
+                    self._wait(wait_ms, False)
                 return []
             self._full(False)
         out = []
-        if wait_ms and not self.poller.poll(wait_ms):
+        if wait_ms and not (self.poller.poll(wait_ms) if self.room else self._wait(wait_ms, True)):
             return out
         calls = total = 0
         admits = self.admits  # (None: the kernel filters, or nothing does)
