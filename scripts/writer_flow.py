@@ -8,9 +8,10 @@ time (time.process_time):
   over 3 s of the loop's turns (Stage.step), and the turns a second;
 - blocked, topics: the same backlog, its destination topics not answered yet (the Preparer
   silent);
-- thin: batches as an unpacker sends them, 12 runs of 1 or 2 records each of consecutive
-  partitions (a 1472-byte datagram's worth at 100-byte values), offered, queued and produced
-  by the loop: µs of CPU per record, over 60 000 records.
+- thin: batches as an unpacker sends them, runs of 1 or 2 records each of consecutive
+  partitions, offered, queued and produced by the loop: µs of CPU per record, over 60 000
+  records; a batch of 12 runs (a 1472-byte datagram's worth at 100-byte values: a light load)
+  or of 6 144 (512 datagrams, what an unpacker's turn hands on under load).
 
 Run by `.venv/bin/python scripts/writer_flow.py [blocked|thin] [PARTITIONS...]`. Not a test: a
 figure, compared before and after a change in the same window."""
@@ -33,7 +34,7 @@ from diode.runtime.messages import Batch, Mark, as_origin  # noqa: E402
 from stages.kafka_writer import MAX_BACKLOG_RECORDS  # noqa: E402
 
 TOPICS = 200
-RUNS_PER_BATCH = 12
+BATCH_RUNS = (12, 6144)
 
 
 class Producer:
@@ -105,7 +106,7 @@ def blocked(partitions: int, why: str, seconds: float = 3.0) -> tuple:
         zctx.destroy(linger=0)
 
 
-def thin(partitions: int, per_run: int, records: int = 60000) -> float:
+def thin(partitions: int, per_run: int, batch_runs: int, records: int = 60000) -> float:
     """µs of CPU per record through the writer's loop, records spread over `partitions`."""
     zctx, w = started(10**12)
     try:
@@ -119,9 +120,9 @@ def thin(partitions: int, per_run: int, records: int = 60000) -> float:
         w.marks = [Mark(1, 0.0)]
         feed = transport.push(zctx, ["inproc://receiver-kafka_writer-0.in"], 1000)
         following, p, batches = [1000] * partitions, 0, []
-        for _ in range(records // per_run // RUNS_PER_BATCH):
+        for _ in range(records // per_run // batch_runs):
             frames = []
-            for _ in range(RUNS_PER_BATCH):
+            for _ in range(batch_runs):
                 frames.append(encoded(p, following[p], per_run))
                 following[p] += per_run
                 p = (p + 1) % partitions
@@ -132,8 +133,10 @@ def thin(partitions: int, per_run: int, records: int = 60000) -> float:
         for batch in batches:
             feed.send_multipart(batch)
             w.step()
+        while w.dest.backlog_records:
+            w.step()
         spent = time.process_time() - cpu
-        assert w.dest.produced == len(batches) * RUNS_PER_BATCH * per_run
+        assert w.dest.produced == len(batches) * batch_runs * per_run
         return spent / w.dest.produced * 1e6
     finally:
         w.close()
@@ -151,8 +154,10 @@ def main():
                 turns, share = blocked(n, why)
                 print(f"| {n} | blocked ({why}) | {turns:.0f} turns/s | {share:.1f} % of a core |")
         else:
-            for per_run in (1, 2):
-                print(f"| {n} | thin, runs of {per_run} | {thin(n, per_run):.1f} µs/record |")
+            for batch_runs in BATCH_RUNS:
+                for per_run in (1, 2):
+                    print(f"| {n} | thin, batches of {batch_runs} runs of {per_run} | "
+                          f"{thin(n, per_run, batch_runs):.1f} µs/record |")
 
 
 if __name__ == "__main__":

@@ -4,10 +4,11 @@ It owns the backlog (runs decoded and not yet all produced, an Entry each, in or
 partition's consecutive runs joined into one Entry as they are added; the runs of a destination
 topic not writable yet parked apart, by topic, until it is), the records producer (produce,
 acknowledgements, end-to-end latency marks), the runs produced since the last checkpoint (to
-name a refused record: a delivery report carries no headers), dead letters and refusals, the destination topics (their partition counts, asked of the Preparer,
-and their trouble: a topic refused for good or unanswered for TOPIC_GIVE_UP_SECONDS is given
-up, its records dead letters), and the events producer with its bounded queue (missing ranges,
-heartbeats, digests, dead letters). It does not decide what to write (the partitions' states,
+name a refused record: a delivery report carries no headers), dead letters and refusals, the
+destination topics (their partition counts, asked of the Preparer, and their trouble: a topic
+refused for good or unanswered for TOPIC_GIVE_UP_SECONDS is given up, its records dead
+letters), and the events producer with its bounded queue (missing ranges, heartbeats, digests,
+dead letters). It does not decide what to write (the partitions' states,
 diode.accounting.ordering, do) nor what an event says (diode.writer.reporter builds the
 missing-records events and reports refusals through `report_refused`).
 
@@ -199,7 +200,7 @@ class Destination:
             if self.flush_events(FLUSH_STEP_SECONDS):
                 return  # (the missing-records topic is slow or down: the next step waits on)
             self.events_first = False
-        if self.queue_full and len(self.producer) >= self.full_at and self.backlog:
+        if self.queue_full and len(self.producer) >= self.full_at > 0 and self.backlog:
             return  # (nothing acknowledged since the queue refused the head)
         now = time.monotonic()
         if self.parked and now >= self.parked_again:
