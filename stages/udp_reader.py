@@ -24,7 +24,8 @@ Messages to an unpacker (diode.runtime.messages):
 - Mark(position, seen): every datagram below `position`, and every one read before `seen`,
   has been forwarded in this message stream. Writers measure the reorder wait on this clock, so
   a queue or a dead worker downstream never turns into a false gap, and checkpoint up to the
-  position. No mark goes out while a replay is under way;
+  position. No mark goes out while a replay is under way; one goes every MARK_SECONDS while
+  datagrams are forwarded, every IDLE_MARK_SECONDS while none are (the clock alone moves);
 - Notice(started): a replay started at `started`; a worker that asked for a replay before
   then has its lost input coming.
 
@@ -57,7 +58,8 @@ from diode.runtime.journal import HEADER, Journal, JournalError, JournalFull
 from diode.runtime.worker import Stage as BaseStage
 
 BATCH_DATAGRAMS = 64          # per unpacker per message
-MARK_SECONDS = 0.02           # marks at least this often while traffic flows or the link is idle
+MARK_SECONDS = 0.02           # marks at least this often while traffic flows
+IDLE_MARK_SECONDS = 0.1       # and this often while nothing more was forwarded (the clock alone)
 HOUSEKEEPING_SECONDS = 1.0    # journal release, metrics
 TIMES_MAX = 100_000           # (position, clock) entries kept for datagrams not yet forwarded
 MAX_DATAGRAM = path.DATAGRAM_BUFFER
@@ -182,6 +184,7 @@ class Stage(BaseStage):
         self.reading = None               # journal reader while forwarding from the journal
         self.replay_end = 0               # positions below it are forwarded as replayed
         self.replay_started = 0.0
+        self.marked = None                # Read: the last mark's position and when it went
         self.journal_failing = False
         self.retry_at = 0.0               # when a failing journal is tried again
         self.full_since = None
@@ -400,9 +403,15 @@ class Stage(BaseStage):
 
     def _mark_due(self, now: float) -> None:
         """The marks' timer: a mark when the unpackers have room and no replay is under way,
-        else at the first turn it can go (a stopping reader's last mark is `finish`'s)."""
+        else at the first turn it can go (a stopping reader's last mark is `finish`'s). While
+        nothing more was forwarded, a mark only moves the writers' clock: one goes every
+        IDLE_MARK_SECONDS, not at every turn (each woke every unpacker and every writer: the
+        idle receiver's turns)."""
         if self.stopping:
             return
+        if self.marked is not None and self.marked.position == self.cursor and \
+                now - self.marked.clock < IDLE_MARK_SECONDS:
+            return  # (nothing forwarded since the last mark: only the clock would move)
         if not (all(o.flush() for o in self.outs) and self._mark(now)):
             self.marks.at(now)
 
@@ -422,6 +431,7 @@ class Stage(BaseStage):
         for out in self.outs:
             if not out.full:
                 out.put([frame])
+        self.marked = Read(self.cursor, now)
         return True
 
     # -- replays ---------------------------------------------------------------------------------

@@ -7,9 +7,10 @@ import socket
 import time
 
 from diode.link import crypto, runs, wire
-from diode.runtime import transport
+from diode.runtime import messages, transport
 from tests.stages.test_stages import (MASTER, datagrams_in, datagrams_message, make_stage,
                                       records, run_until, topology, writer_messages)
+from stages import udp_reader
 
 HELD_SECONDS = 0.5
 MAX_HELD_TURNS = 50  # a turn waits up to Stage.POLL_MS (50 ms): ~10; a 1 ms sleep loop: ~400
@@ -95,3 +96,30 @@ def test_the_unpackers_wait_wakes_for_room_not_only_at_its_timeout(zctx):
     assert transport.drain(writer)
     assert transport.wait_for_room(u.outs, 1000) is True
     u.close()
+
+
+def test_an_idle_udp_reader_marks_only_to_move_the_clock_and_seldom(zctx):
+    """With nothing coming, a mark only moves the writers' clock: one every IDLE_MARK_SECONDS
+    (each wakes every unpacker and every writer), where one went at every turn; a datagram
+    forwarded is marked at once again."""
+    t = topology(unpacker=1)
+    unpacker = transport.pull(zctx, "inproc://receiver-unpacker-0.in", 1000)
+    r = make_stage(zctx, t, "receiver", "udp_reader")
+    r.step()
+    transport.drain(unpacker)
+    seconds, began = 1.0, time.monotonic()
+    while time.monotonic() < began + seconds:
+        r.step()
+    marks = [m for m in (messages.from_udp_reader(f[0]) for f in transport.drain(unpacker))
+             if isinstance(m, messages.Mark)]
+    assert len(marks) <= seconds / udp_reader.IDLE_MARK_SECONDS + 1, \
+        f"{len(marks)} marks in {seconds} s with nothing forwarded"
+    assert marks and all(m.position == r.end for m in marks)
+    sealer = wire.Sealer(crypto.SessionCipher(1, MASTER, 5), "none")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.sendto(sealer.seal(b"payload"), ("127.0.0.1", t.link.port))
+        run_until(r, lambda: r.metrics.get("datagrams") == 1)
+    end = r.end
+    run_until(r, lambda: any(isinstance(m, messages.Mark) and m.position == end for m in (
+        messages.from_udp_reader(f[0]) for f in transport.drain(unpacker))), timeout=1.0)
+    r.close()
