@@ -44,7 +44,6 @@ first start has lost nothing: what was sent to it waited for it). Without a jour
 """
 
 import errno
-import select
 import socket
 import time
 from collections import deque
@@ -119,6 +118,10 @@ class Stage(BaseStage):
     # A head stage: what comes after a stop is not read (what is journaled and not forwarded
     # goes on at the next start).
     TAKES_INPUT_WHILE_STOPPING = False
+    # An idle turn's wait: its timers are the marks (every IDLE_MARK_SECONDS while nothing is
+    # forwarded) and the housekeeping; a datagram, a replay asked for, or room in an unpacker
+    # that was behind ends the wait (_wait).
+    POLL_MS = round(IDLE_MARK_SECONDS * 1000)
 
     @classmethod
     def prepare(cls, t, log) -> dict:
@@ -160,8 +163,7 @@ class Stage(BaseStage):
         # readiness even with MSG_DONTWAIT, so a burst read in one go would take as long as the
         # datagrams took to come, held in memory, not journaled (lost to a kill -9 meanwhile).
         self.sock.setblocking(False)
-        self.poller = select.poll()
-        self.poller.register(self.sock, select.POLLIN)
+        self.fd = self.sock.fileno()  # (waited on with the ZeroMQ sockets: _wait)
         self.metrics.set("receive_buffer_bytes",
                          self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2)
         # Many datagrams per receive call (diode.link.offload), where the kernel does GRO.
@@ -209,7 +211,11 @@ class Stage(BaseStage):
         flushed = [o.flush() for o in self.outs]  # (each one, not up to the first behind)
         self.room = all(flushed)
         self.caught_up = self.cursor == self.end
-        return 0 if self.room and not self.caught_up else self.POLL_MS
+        if self.room and not self.caught_up:
+            return 0
+        if self.marked is None or self.marked.position != self.cursor:
+            return round(MARK_SECONDS * 1000)  # (a mark is due for what went on)
+        return self.POLL_MS
 
     def poll_input(self, wait_ms: int) -> list:
         """The socket is this stage's input: the turn's batch (_receive), after waiting up to
@@ -242,12 +248,13 @@ class Stage(BaseStage):
 
     def _wait(self, wait_ms: int, read: bool) -> bool:
         """Wait up to `wait_ms` for an unpacker that was behind to take something, a replay to
-        be asked for, or (`read`) a datagram: the turns of a reader held back by its unpackers
-        (a destination outage) are as few as those of an idle one. True when one came."""
+        be asked for, or (`read`) a datagram: a replay is answered at once, and the turns of a
+        reader held back by its unpackers (a destination outage) are as few as those of an idle
+        one. True when one came."""
         if not wait_ms:
             return True
         return transport.wait_for_room(self.outs, wait_ms,
-                                       (self.control, self.sock.fileno()) if read else
+                                       (self.control, self.fd) if read else
                                        (self.control,))
 
     def finish(self, now):
@@ -276,7 +283,7 @@ class Stage(BaseStage):
                 return []
             self._full(False)
         out = []
-        if wait_ms and not (self.poller.poll(wait_ms) if self.room else self._wait(wait_ms, True)):
+        if wait_ms and not self._wait(wait_ms, True):
             return out
         calls = total = 0
         admits = self.admits  # (None: the kernel filters, or nothing does)

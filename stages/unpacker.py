@@ -56,6 +56,10 @@ class ToWriter:
 
 
 class Stage(BaseStage):
+    # An idle turn's wait: the reader's marks wake it (every udp_reader.IDLE_MARK_SECONDS at
+    # least), and its own timers are half-second ones.
+    POLL_MS = 250
+
     def open(self):
         ctx = self.ctx
         self.input = transport.pull(ctx.zmq, ctx.bound("in"), ctx.hwm)
