@@ -4,7 +4,7 @@ offset, nothing waiting; no broker: the writer's producer is a stand-in), each i
 its own joined by ipc queues as a launch joins them, nothing sent over the link; each one's CPU
 over 10 s after 3 s of warm-up, in % of a core, and its loop's turns a second. The metrics are
 sampled every second as a worker does; the writer's checkpoints are left out (they are the
-recovery's: scripts/writer_partitions.py measures them).
+recovery's: ./scripts/bench --mode writer measures them).
 
 Run by `.venv/bin/python scripts/receiver_idle.py [PARTITIONS...]`. Not a test: a figure,
 compared before and after a change in the same window."""
@@ -19,7 +19,10 @@ import time
 import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import writer_partitions  # noqa: E402  (this directory's)
+try:  # (the writer stage made for scripts/bench --mode writer)
+    from benchlib.writer_cost import fill  # noqa: E402
+except ImportError:  # (before it moved there from scripts/writer_partitions.py)
+    from writer_partitions import fill  # noqa: E402
 from writer_flow import Producer  # noqa: E402
 
 from diode.link import crypto  # noqa: E402
@@ -55,7 +58,7 @@ def worker(t, run_dir: str, stage: str, index: int, partitions: int) -> str:
     if stage == "kafka_writer":
         s.dest.producer.flush(0)
         s.dest.producer = Producer(10**9)
-        writer_partitions.fill(s, partitions, 0)
+        fill(s, partitions, 0)
         s.marks = [None, None]  # (the reader's marks, from each unpacker, come from now on)
         s.recovery.next_checkpoint = float("inf")
     warm = time.monotonic() + WARM_SECONDS
