@@ -98,6 +98,7 @@ class Stage(BaseStage):
         # sender.schemas: the registry's topic, and where the low side registry reads it
         self.schemas_topic = self.t.sender.schemas_topic if self.t.sender.schemas else None
         self.source_partitions: dict = {}  # source topic -> partition count (from the sender)
+        self.names: dict = {}  # source topic -> its destination topic (destination())
         # (topic, partition) -> SourcePartition: a PartitionState per incarnation heard of
         self.sources: dict = {}
         # the partitions with something waiting, and the metrics' sums (diode.writer.held)
@@ -146,9 +147,15 @@ class Stage(BaseStage):
         self.every(EXPIRE_SECONDS, self._expire_waiting)
 
     def destination(self, topic: str) -> str:
-        if topic == self.schemas_topic:
-            return self.r.schemas_topic  # (sender.schemas: neither prefix nor rename)
-        return self.r.topic_rename.get(topic) or self.r.topic_prefix + topic
+        """A source topic's destination topic (asked for every run: kept once made)."""
+        name = self.names.get(topic)
+        if name is None:
+            if topic == self.schemas_topic:
+                name = self.r.schemas_topic  # (sender.schemas: neither prefix nor rename)
+            else:
+                name = self.r.topic_rename.get(topic) or self.r.topic_prefix + topic
+            self.names[topic] = name
+        return name
 
     def _owns(self, topic: str, partition: int) -> bool:
         return partition_owner(topic, partition, self.writers) == self.ctx.spec.index
@@ -180,7 +187,7 @@ class Stage(BaseStage):
             # The destination is behind (or a checkpoint waits for the backlog to go): take no
             # input. Time stands still for the waiting runs too: it runs on the reader's marks.
             dest.produce_backlog()
-            if dest.backlog or dest.event_queue:
+            if dest.holds or dest.event_queue:
                 dest.poll(0.05)  # the destination is slow or down: wait, keep order
             return None
         return QUEUE_FULL_WAIT_MS if dest.queue_full else \
@@ -191,22 +198,22 @@ class Stage(BaseStage):
         events past their bounds), or a checkpoint is due and waits for the backlog to go."""
         dest = self.dest
         return dest.backlog_records >= MAX_BACKLOG_RECORDS or \
-            len(dest.event_queue) >= MAX_EVENTS or (self._checkpoint_due(now) and dest.backlog)
+            len(dest.event_queue) >= MAX_EVENTS or (self._checkpoint_due(now) and dest.holds)
 
     def _checkpoint_due(self, now: float) -> bool:
         return self.durable and now >= self.recovery.next_checkpoint
 
     def idle(self):
-        return not self.dest.backlog
+        return not self.dest.holds
 
     def after_input(self, now):
         """The turn's fills reported, the backlog produced, and a checkpoint if one is due and
         the backlog is empty."""
         dest = self.dest
         self._report_fills()
-        if dest.backlog:
+        if dest.holds:
             dest.produce_backlog()
-        if self._checkpoint_due(now) and not dest.backlog:
+        if self._checkpoint_due(now) and not dest.holds:
             self._checkpoint(now)
         return True
 
@@ -231,7 +238,7 @@ class Stage(BaseStage):
         if not self.durable:
             self._expire(float("inf"))
         dest = self.dest
-        if dest.backlog or dest.event_queue or self.recovery.unrecovered:
+        if dest.holds or dest.event_queue or self.recovery.unrecovered:
             dest.produce_backlog()
             dest.produce_events()
             if now < self.finish_by:
@@ -240,7 +247,7 @@ class Stage(BaseStage):
         left, left_events = dest.flush(FLUSH_STEP_SECONDS)
         if (left or left_events) and now < self.finish_by:
             return True
-        if left or left_events or dest.backlog or self.recovery.unrecovered:
+        if left or left_events or dest.holds or self.recovery.unrecovered:
             self.log.error("stopping with %d record(s) and %d event(s) not confirmed by the "
                            "destination cluster%s", left + dest.backlog_records, left_events,
                            "; the journal replays the records at the next start"
@@ -302,7 +309,7 @@ class Stage(BaseStage):
             state = self._state(run.topic, run.partition, run.incarnation, run.origin[1])
         wait = state.wait
         u = state.offer(run, run.origin[1])
-        self.held.touched((run.topic, run.partition))
+        self.held.offered((run.topic, run.partition), state.busy)
         if u.missing or u.filled:  # (the wait only lengthens on a fill)
             self._apply(run.topic, run.partition, state, u, wait)
         else:  # the common case: runs to write, nothing to report

@@ -24,7 +24,8 @@ Messages to an unpacker (diode.runtime.messages):
 - Mark(position, seen): every datagram below `position`, and every one read before `seen`,
   has been forwarded in this message stream. Writers measure the reorder wait on this clock, so
   a queue or a dead worker downstream never turns into a false gap, and checkpoint up to the
-  position. No mark goes out while a replay is under way;
+  position. No mark goes out while a replay is under way; one goes every MARK_SECONDS while
+  datagrams are forwarded, every IDLE_MARK_SECONDS while none are (the clock alone moves);
 - Notice(started): a replay started at `started`; a worker that asked for a replay before
   then has its lost input coming.
 
@@ -43,7 +44,6 @@ first start has lost nothing: what was sent to it waited for it). Without a jour
 """
 
 import errno
-import select
 import socket
 import time
 from collections import deque
@@ -57,7 +57,8 @@ from diode.runtime.journal import HEADER, Journal, JournalError, JournalFull
 from diode.runtime.worker import Stage as BaseStage
 
 BATCH_DATAGRAMS = 64          # per unpacker per message
-MARK_SECONDS = 0.02           # marks at least this often while traffic flows or the link is idle
+MARK_SECONDS = 0.02           # marks at least this often while traffic flows
+IDLE_MARK_SECONDS = 0.1       # and this often while nothing more was forwarded (the clock alone)
 HOUSEKEEPING_SECONDS = 1.0    # journal release, metrics
 TIMES_MAX = 100_000           # (position, clock) entries kept for datagrams not yet forwarded
 MAX_DATAGRAM = path.DATAGRAM_BUFFER
@@ -117,6 +118,10 @@ class Stage(BaseStage):
     # A head stage: what comes after a stop is not read (what is journaled and not forwarded
     # goes on at the next start).
     TAKES_INPUT_WHILE_STOPPING = False
+    # An idle turn's wait: its timers are the marks (every IDLE_MARK_SECONDS while nothing is
+    # forwarded) and the housekeeping; a datagram, a replay asked for, or room in an unpacker
+    # that was behind ends the wait (_wait).
+    POLL_MS = round(IDLE_MARK_SECONDS * 1000)
 
     @classmethod
     def prepare(cls, t, log) -> dict:
@@ -158,8 +163,7 @@ class Stage(BaseStage):
         # readiness even with MSG_DONTWAIT, so a burst read in one go would take as long as the
         # datagrams took to come, held in memory, not journaled (lost to a kill -9 meanwhile).
         self.sock.setblocking(False)
-        self.poller = select.poll()
-        self.poller.register(self.sock, select.POLLIN)
+        self.fd = self.sock.fileno()  # (waited on with the ZeroMQ sockets: _wait)
         self.metrics.set("receive_buffer_bytes",
                          self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2)
         # Many datagrams per receive call (diode.link.offload), where the kernel does GRO.
@@ -182,6 +186,7 @@ class Stage(BaseStage):
         self.reading = None               # journal reader while forwarding from the journal
         self.replay_end = 0               # positions below it are forwarded as replayed
         self.replay_started = 0.0
+        self.marked = None                # Read: the last mark's position and when it went
         self.journal_failing = False
         self.retry_at = 0.0               # when a failing journal is tried again
         self.full_since = None
@@ -200,11 +205,17 @@ class Stage(BaseStage):
     # -- what the loop does (diode.runtime.worker.Stage.step) ---------------------------------
 
     def before_input(self, now):
-        """Whether the unpackers have room, and whether everything read has gone on: only
-        then is the socket waited on (with nothing to forward but what comes)."""
-        self.room = all(o.flush() for o in self.outs)
+        """Whether the unpackers have room, and whether everything read has gone on. The turn
+        waits (up to POLL_MS) unless there is room and something journaled to forward: for a
+        datagram, and while an unpacker is behind, for it to take something as well (_wait)."""
+        flushed = [o.flush() for o in self.outs]  # (each one, not up to the first behind)
+        self.room = all(flushed)
         self.caught_up = self.cursor == self.end
-        return self.POLL_MS if self.room and self.caught_up else 0
+        if self.room and not self.caught_up:
+            return 0
+        if self.marked is None or self.marked.position != self.cursor:
+            return round(MARK_SECONDS * 1000)  # (a mark is due for what went on)
+        return self.POLL_MS
 
     def poll_input(self, wait_ms: int) -> list:
         """The socket is this stage's input: the turn's batch (_receive), after waiting up to
@@ -230,13 +241,21 @@ class Stage(BaseStage):
 
     def after_input(self, now):
         """Forward a batch from the journal when there is room (its mark goes out at the start
-        of a later turn: _mark_due); without room, wait a moment for it."""
-        if self.room and all(o.flush() for o in self.outs):
-            if self.cursor < self.end:
-                self._forward_from_journal()
-        elif not self.batch:
-            time.sleep(0.001)
+        of a later turn: _mark_due); without room, the next turn waits for it (_wait)."""
+        if self.room and self.cursor < self.end and all(o.flush() for o in self.outs):
+            self._forward_from_journal()
         return True
+
+    def _wait(self, wait_ms: int, read: bool) -> bool:
+        """Wait up to `wait_ms` for an unpacker that was behind to take something, a replay to
+        be asked for, or (`read`) a datagram: a replay is answered at once, and the turns of a
+        reader held back by its unpackers (a destination outage) are as few as those of an idle
+        one. True when one came."""
+        if not wait_ms:
+            return True
+        return transport.wait_for_room(self.outs, wait_ms,
+                                       (self.control, self.fd) if read else
+                                       (self.control,))
 
     def finish(self, now):
         """Stopping (a head stage: nothing more is read): a last mark. What is journaled and
@@ -251,6 +270,7 @@ class Stage(BaseStage):
         reading, unbeating, until the supervisor kills it); none while the unpackers are
         behind and there is no journal to hold them (the kernel buffer absorbs the burst)."""
         if not self.room and (self.journal is None or self.journal_failing):
+            self._wait(wait_ms, False)
             return []
         limit = BATCH_DATAGRAMS * len(self.outs)
         if self.journal is not None and not self.journal_failing:
@@ -258,12 +278,12 @@ class Stage(BaseStage):
             limit = min(limit, max(0, room) // (MAX_DATAGRAM + RECORD_HEADER))
             if limit == 0:
                 self._full(True)
-                if wait_ms:  # (nothing to forward either: wait for the housekeeping's
-                    self.control.poll(wait_ms)  # release, or a replay asked for)
+                if wait_ms:  # (wait for room, the housekeeping's release, a replay asked for)
+                    self._wait(wait_ms, False)
                 return []
             self._full(False)
         out = []
-        if wait_ms and not self.poller.poll(wait_ms):
+        if wait_ms and not self._wait(wait_ms, True):
             return out
         calls = total = 0
         admits = self.admits  # (None: the kernel filters, or nothing does)
@@ -390,9 +410,15 @@ class Stage(BaseStage):
 
     def _mark_due(self, now: float) -> None:
         """The marks' timer: a mark when the unpackers have room and no replay is under way,
-        else at the first turn it can go (a stopping reader's last mark is `finish`'s)."""
+        else at the first turn it can go (a stopping reader's last mark is `finish`'s). While
+        nothing more was forwarded, a mark only moves the writers' clock: one goes every
+        IDLE_MARK_SECONDS, not at every turn (each woke every unpacker and every writer: the
+        idle receiver's turns)."""
         if self.stopping:
             return
+        if self.marked is not None and self.marked.position == self.cursor and \
+                now - self.marked.clock < IDLE_MARK_SECONDS:
+            return  # (nothing forwarded since the last mark: only the clock would move)
         if not (all(o.flush() for o in self.outs) and self._mark(now)):
             self.marks.at(now)
 
@@ -412,6 +438,7 @@ class Stage(BaseStage):
         for out in self.outs:
             if not out.full:
                 out.put([frame])
+        self.marked = Read(self.cursor, now)
         return True
 
     # -- replays ---------------------------------------------------------------------------------

@@ -56,6 +56,10 @@ class ToWriter:
 
 
 class Stage(BaseStage):
+    # An idle turn's wait: the reader's marks wake it (every udp_reader.IDLE_MARK_SECONDS at
+    # least), and its own timers are half-second ones.
+    POLL_MS = 250
+
     def open(self):
         ctx = self.ctx
         self.input = transport.pull(ctx.zmq, ctx.bound("in"), ctx.hwm)
@@ -94,10 +98,14 @@ class Stage(BaseStage):
     # -- what the loop hands over (diode.runtime.worker.Stage.step) ----------------------------
 
     def before_input(self, now):
-        if not all(o.flush() for o in self.outs):
-            time.sleep(0.001)  # (the writers are behind: take nothing)
-            return None
-        return self.POLL_MS
+        """Input is taken only while every writer has room (what waits for a writer is sent
+        first); while one is behind, the turn waits for it to take something, up to POLL_MS
+        (transport.wait_for_room), and takes nothing."""
+        flushed = [o.flush() for o in self.outs]  # (each one, not up to the first behind)
+        if all(flushed):
+            return self.POLL_MS
+        transport.wait_for_room(self.outs, self.POLL_MS)
+        return None
 
     def _gather(self) -> None:
         """A turn's output starts empty: a ToWriter per writer, no mark, no notice."""

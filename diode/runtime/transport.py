@@ -72,6 +72,21 @@ def drain(sock: zmq.Socket, limit: int = 1 << 30):
     return out
 
 
+def wait_for_room(outboxes, wait_ms: int, readable=()) -> bool:
+    """Wait up to `wait_ms` for a peer of an outbox holding messages to have room for one
+    (ZeroMQ's POLLOUT), or for one of `readable` (sockets, or file descriptors) to have
+    something to read: how a stage held back by the stage after it waits without turning
+    (it turned every millisecond in a sleep loop, 5-6 % of a core per process while a
+    destination was behind). True when something is ready."""
+    poller = zmq.Poller()
+    for box in outboxes:
+        if box.pending:
+            poller.register(box.sock, zmq.POLLOUT)
+    for one in readable:
+        poller.register(one, zmq.POLLIN)
+    return bool(poller.poll(wait_ms))
+
+
 class Outbox:
     """Messages waiting for room downstream. A stage stops taking input while its outbox is
     full, which is how backpressure travels upstream without ever blocking a loop forever."""

@@ -1,12 +1,14 @@
 """The destination: what the writer hands the destination cluster, and what it says back.
 
-It owns the backlog (runs decoded and not yet all produced, an Entry each, in order), the
-records producer (produce, acknowledgements, end-to-end latency marks), the runs produced since
-the last checkpoint (to name a refused record: a delivery report carries no headers), dead
-letters and refusals, the destination topics (their partition counts, asked of the Preparer,
-and their trouble: a topic refused for good or unanswered for TOPIC_GIVE_UP_SECONDS is given
-up, its records dead letters), and the events producer with its bounded queue (missing ranges,
-heartbeats, digests, dead letters). It does not decide what to write (the partitions' states,
+It owns the backlog (runs decoded and not yet all produced, an Entry each, in order; a
+partition's consecutive runs joined into one Entry as they are added; the runs of a destination
+topic not writable yet parked apart, by topic, until it is), the records producer (produce,
+acknowledgements, end-to-end latency marks), the runs produced since the last checkpoint (to
+name a refused record: a delivery report carries no headers), dead letters and refusals, the
+destination topics (their partition counts, asked of the Preparer, and their trouble: a topic
+refused for good or unanswered for TOPIC_GIVE_UP_SECONDS is given up, its records dead
+letters), and the events producer with its bounded queue (missing ranges, heartbeats, digests,
+dead letters). It does not decide what to write (the partitions' states,
 diode.accounting.ordering, do) nor what an event says (diode.writer.reporter builds the
 missing-records events and reports refusals through `report_refused`).
 
@@ -41,6 +43,7 @@ GROW_AGAIN_SECONDS = 60.0  # a destination topic with fewer partitions than its 
 TOPIC_GIVE_UP_SECONDS = 60.0  # a destination topic the cluster answers for and will not
 #                               create or describe this long: dead letters
 MAX_JOINED_RECORDS = 4096    # consecutive runs of a partition are produced as one, up to this
+PARKED_AGAIN_SECONDS = 0.25  # the runs of a topic not writable yet are looked at this often
 MAX_LATENCY_MARKS = 4096     # runs produced and not yet acknowledged whose latency is still due
 # Errors after which a topic or a record will never be written, whatever the wait.
 REFUSED_FOR_GOOD = {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.MSG_SIZE_TOO_LARGE,
@@ -67,11 +70,23 @@ class Columns(NamedTuple):
 
 @dataclass(slots=True)
 class Entry:
-    """A run in the backlog: produced up to `done` (a full queue's retry resumes there)."""
+    """A run in the backlog: produced up to `done` (a full queue's retry resumes there). While
+    none of it is produced, the partition's next runs of the same chain are joined to it
+    (`more`, Destination.add; joined into `run` when it is first produced: `whole`), up to
+    MAX_JOINED_RECORDS (`records`); `more` None: no more joins."""
     run: Run
     done: int = 0
     columns: Columns | None = None
     extra: tuple = ()   # headers of its own: a resent run's ticket
+    more: list | None = None
+    records: int = 0
+
+    def whole(self) -> Run:
+        """The run with those joined to it, in one (Run.join); closed to joins from now on."""
+        if self.more:
+            self.run = Run.join([self.run, *self.more])
+        self.more = None
+        return self.run
 
 
 class Sent(NamedTuple):
@@ -123,55 +138,99 @@ class Destination:
         self.backlog: deque = deque()     # Entry: runs not yet all produced, in order
         self.backlog_records = 0          # records in the backlog (and waiting to recover)
         self.queue_full = False           # the producer's queue refused the backlog's head
+        self.full_at = 0                  # what the producer held then (len(producer))
+        # (topic, partition, incarnation) -> its last Entry added, which the next run of its
+        # chain may join (while none of it is produced: Entry.more)
+        self.tails: dict = {}
+        # destination topic -> its runs waiting for it to be writable (Entry, in order): out of
+        # the backlog, so that a turn costs what can be produced (issue 36)
+        self.parked: dict = {}
+        self.parked_again = 0.0           # when the parked topics are looked at again
 
     def add(self, run: Run, extra: tuple = ()) -> None:
-        self.backlog.append(Entry(run, 0, None, extra))
+        """A run to write, after those of its partition already waiting: joined to the last
+        one when it continues its chain and none of that is produced yet (the cost per run:
+        columns, the produce loop's setup, a sent entry, a latency mark, once per join; a
+        partition's runs come a datagram apart, other partitions' between them). Each source
+        partition's runs stay in their order; the order across partitions is not kept (it is
+        not a promise: a destination partition takes one source partition's records)."""
         self.backlog_records += len(run)
+        key = (run.topic, run.partition, run.incarnation)
+        if extra or run.resend:  # (what follows it must not join what came before it)
+            self.tails.pop(key, None)
+            self.backlog.append(Entry(run, 0, None, extra))
+            return
+        tail = self.tails.get(key)
+        if tail is not None and tail.more is not None and \
+                (tail.more[-1] if tail.more else tail.run).last == run.prev and \
+                (tail.run.headers is None) == (run.headers is None) and \
+                tail.records + len(run) <= MAX_JOINED_RECORDS:
+            tail.more.append(run)
+            tail.records += len(run)
+            return
+        self.tails[key] = entry = Entry(run, 0, None, (), [], len(run))
+        self.backlog.append(entry)
+
+    @property
+    def holds(self) -> bool:
+        """Whether runs wait to be produced (in the backlog, or parked for their topic)."""
+        return bool(self.backlog or self.parked)
 
     def waits(self) -> bool:
         """Whether nothing in the backlog can be produced now: it waits for missing ranges to
-        be acknowledged, or every run for its destination topic (the loop then waits for input
-        rather than spin; the first run answers in the common case)."""
-        return self.events_first or all(self.name_of(e.run.topic) not in self.dest_partitions
-                                        for e in self.backlog)
+        be acknowledged, or every run for its destination topic (parked: the loop then waits
+        for input rather than spin)."""
+        return self.events_first or not self.backlog
 
     # -- writing -------------------------------------------------------------------------------
 
     def produce_backlog(self):
         """Produce waiting runs in order. A destination topic not writable yet keeps its runs
-        (in their order) without holding up other topics'; one that will never be writable
-        sends them to the dead-letter topic. A run's columns and header lists are built when
-        its first record is offered, once: its written-at stamp is that time, as it is for the
-        records waiting in the producer's queue."""
+        (in their order, parked) without holding up other topics'; one that will never be
+        writable sends them to the dead-letter topic. A run's columns and header lists are
+        built when its first record is offered, once: its written-at stamp is that time, as it
+        is for the records waiting in the producer's queue.
+
+        It costs what can change: nothing while the producer's queue is full and nothing has
+        been acknowledged since (it would refuse the head again), the runs added since the last
+        call otherwise, and the parked topics once per PARKED_AGAIN_SECONDS (their answers
+        bring them back at once: topic_answered); it walked, joined and copied the whole
+        backlog at every turn (issue 36: a third of a core with 10 000 partitions held)."""
         if self.events_first:
             if self.flush_events(FLUSH_STEP_SECONDS):
                 return  # (the missing-records topic is slow or down: the next step waits on)
             self.events_first = False
+        if self.queue_full and len(self.producer) >= self.full_at > 0 and self.backlog:
+            return  # (nothing acknowledged since the queue refused the head)
+        now = time.monotonic()
+        if self.parked and now >= self.parked_again:
+            self._look_at_parked(now)
         stamp = self.r.written_at_header
         now_ms = int(time.time() * 1000)
         written_at = written_at_header(stamp, now_ms)
-        backlog, kept, blocked = joined(self.backlog), deque(), set()
+        backlog, parked = self.backlog, self.parked
         self.queue_full = False
         while backlog:
-            entry = backlog.popleft()
+            entry = backlog[0]
             run = entry.run
             topic = self.name_of(run.topic)
-            if topic in blocked:
-                kept.append(entry)
+            if topic in parked:
+                parked[topic].append(backlog.popleft())
                 continue
             if topic in self.dest_partitions and run.partition >= self.dest_partitions[topic] \
                     and self.grown(topic, run):
                 del self.dest_partitions[topic]  # (asked again: raised to the source's count)
             if topic not in self.dest_partitions and \
                     not self.ensure_topic(topic, self.partitions_of(run.topic)):
+                backlog.popleft()
                 trouble = self.topic_trouble.get(topic)
-                if topic_given_up(trouble, time.monotonic()):
-                    self.dead_letter_run(run, entry.done, topic, trouble.error)
+                if topic_given_up(trouble, now):
+                    self.dead_letter_run(self._whole(entry), entry.done, topic, trouble.error)
                     continue
-                blocked.add(topic)
-                kept.append(entry)
+                parked[topic] = deque([entry])
                 continue
             if entry.columns is None:  # (once a run: a full queue's retry resumes where it stopped)
+                run = self._whole(entry)
                 own = run.header_lists()
                 entry.columns = Columns(run.key_list(), run.value_list(), own, provenance_headers(
                     run.topic, run.partition, run.incarnation, run.offsets, own,
@@ -187,8 +246,7 @@ class Destination:
                 # (the producer does not know a partition added just now yet: the Preparer
                 # refreshes its metadata when it is asked again)
                 del self.dest_partitions[topic]
-                blocked.add(topic)
-                kept.append(entry)
+                parked[topic] = deque([backlog.popleft()])
                 continue
             if done > start and run.types[start]:  # one sample a run: its oldest record
                 self.latency_marks.append(LatencyMark(self.produced + 1, run.timestamps[start]))
@@ -198,12 +256,42 @@ class Destination:
             self.backlog_records -= done - start
             if done < len(run):  # the producer's queue is full: the rest waits, in order
                 self.queue_full = True
+                self.full_at = len(self.producer)
                 entry.done = done
-                kept.append(entry)
-                kept.extend(backlog)
-                backlog.clear()
-        self.backlog = kept
+                break
+            backlog.popleft()
         self.metrics.set("backlog_records", self.backlog_records)
+
+    def _whole(self, entry: Entry) -> Run:
+        """An entry's run, its joins done and closed (Entry.whole), no longer a tail."""
+        run = entry.run
+        key = (run.topic, run.partition, run.incarnation)
+        if self.tails.get(key) is entry:
+            del self.tails[key]
+        return entry.whole()
+
+    def _look_at_parked(self, now: float) -> None:
+        """The parked topics looked at again (PARKED_AGAIN_SECONDS): asked about again when it
+        is time (ensure_topic), their runs back in the backlog, ahead of what came after them,
+        once the topic is writable, or dead letters once it is given up."""
+        self.parked_again = now + PARKED_AGAIN_SECONDS
+        for topic, entries in list(self.parked.items()):
+            if topic in self.dest_partitions or \
+                    self.ensure_topic(topic, self.partitions_of(entries[0].run.topic)):
+                self._unpark(topic)
+                continue
+            trouble = self.topic_trouble.get(topic)
+            if topic_given_up(trouble, now):
+                del self.parked[topic]
+                for entry in entries:
+                    self.dead_letter_run(self._whole(entry), entry.done, topic, trouble.error)
+
+    def _unpark(self, topic: str) -> None:
+        """A parked topic's runs back at the head of the backlog: they came before any of its
+        runs still there (a full queue stopped the walk before it reached them)."""
+        entries = self.parked.pop(topic, None)
+        if entries:
+            self.backlog.extendleft(reversed(entries))
 
     def acknowledged(self) -> None:
         """What the destination has acknowledged, given the records the producer still holds:
@@ -359,6 +447,7 @@ class Destination:
                                "to partition 0", topic, answer.partitions)
             self.dest_partitions[topic] = answer.partitions
             self.topic_trouble.pop(topic, None)
+            self._unpark(topic)
             return
         error = answer.error
         for_good = error.code() in REFUSED_FOR_GOOD  # (for the warning)
@@ -462,36 +551,3 @@ def _headers(run: Run, i: int, own) -> list:
     hot path builds the same lists for a whole run)."""
     return provenance_headers(run.topic, run.partition, run.incarnation, run.offsets[i:i + 1],
                               None if own is None else own[i:i + 1])[0]
-
-
-def joined(backlog: deque) -> deque:
-    """The backlog with each partition's consecutive runs that wait whole (none of their records
-    produced yet) joined into one (Run.join), up to MAX_JOINED_RECORDS: the cost per run
-    (columns, the produce loop's setup, a sent entry, a latency mark) once per join. Each
-    source partition's runs stay in their order; the order across partitions is not kept
-    (it is not a promise: a destination partition takes one source partition's records)."""
-    if len(backlog) < 2:
-        return backlog
-    out, chains = [], {}  # chains: (topic, partition, incarnation) -> the runs being joined
-    for entry in backlog:
-        run = entry.run
-        key = (run.topic, run.partition, run.incarnation)
-        chain = chains.get(key)
-        if entry.done or entry.columns is not None or run.resend:
-            chains.pop(key, None)  # (what follows it must not join what came before it)
-            out.append(entry)
-        elif chain is not None and chain[-1].last == run.prev and \
-                (chain[-1].headers is None) == (run.headers is None) and \
-                chain.records + len(run) <= MAX_JOINED_RECORDS:
-            chain.append(run)
-            chain.records += len(run)
-        else:
-            chains[key] = chain = _Chain([run])
-            chain.records = len(run)
-            out.append(chain)
-    return deque((Entry(Run.join(x) if len(x) > 1 else x[0]) if isinstance(x, _Chain) else x)
-                 for x in out)
-
-
-class _Chain(list):
-    __slots__ = ("records",)

@@ -129,3 +129,20 @@ def test_the_metrics_sums_are_those_of_every_state(writer):
     states = [s for source in writer.sources.values() for s in source.states()]
     assert writer.metrics.get("duplicates") == sum(s.duplicates for s in states) == 6
     assert writer.metrics.get("pending_records") == sum(s.pending_records for s in states) == 0
+
+
+def test_runs_that_come_in_order_leave_nothing_for_the_expiry_to_look_at(writer, caplog):
+    """Records spread thin over many partitions come a run per partition per datagram: one
+    that continues its chain leaves nothing waiting, and its partition is not looked at by the
+    next expiry pass (every partition offered a run was, until then); one that waits for its
+    predecessor is, and is reported when due."""
+    with_idle(writer)
+    for p in range(IDLE):
+        offer(writer, run(5, 2, partition=p, topic="idle", partitions=IDLE))
+    assert not writer.held.busy
+    offer(writer, run(9, 1, partition=3, topic="idle", partitions=IDLE), clock=1.0)  # (7, 8)
+    assert list(writer.held.busy) == [("idle", 3)]
+    writer._expire(100.0)
+    assert missing(caplog) == ["missing idle[3] offsets 7..8"] and not writer.held.busy
+    writer.sample_metrics()  # (what they hold is counted again all the same)
+    assert writer.metrics.get("pending_records") == 0 and writer.metrics.get("duplicates") == 0

@@ -98,3 +98,88 @@ def test_a_checkpoint_waits_until_everything_is_acknowledged():
     assert d.settle(0) == "waiting" and len(d.sent) == 1
     d.producer.answers = True
     assert d.settle(0) is None and not d.sent  # (refusals come before it: nothing to name)
+
+
+class Counting:
+    """Every source topic the destination asked the name of: one per run looked at."""
+
+    def __init__(self):
+        self.asked = 0
+
+    def __call__(self, topic: str) -> str:
+        self.asked += 1
+        return "dst_" + topic
+
+
+class Attempts(FakeProducer):
+    """A FakeProducer that counts every produce call, refused ones too."""
+
+    def __init__(self, room, **config):
+        super().__init__(room, **config)
+        self.attempts = 0
+
+    def produce(self, *args, **kwargs):
+        self.attempts += 1
+        super().produce(*args, **kwargs)
+
+
+def test_a_full_queue_is_not_tried_again_until_something_is_acknowledged():
+    """With the producer's queue full the backlog waits whole: another turn looks at none of
+    it (it walked, joined and tried every run at every turn), and once the destination has
+    acknowledged, it resumes where it stopped: every record once, in order."""
+    d, _, _, _ = destination()
+    d.producer = Attempts(5)
+    d.name_of = names = Counting()
+    d.dest_partitions["dst_t"] = 4
+    for p in range(4):  # (runs of 1 over the partitions, as records spread thin come)
+        for o in range(10):
+            d.add(run(o, 1, partition=p, prev=o - 1 if o else None))
+    d.add(run(100, 1, partition=0))  # (after a gap: a run of its own)
+    d.produce_backlog()
+    assert d.queue_full and d.produced == 5 and d.backlog_records == 36
+    names.asked = d.producer.attempts = 0
+    for _ in range(10):
+        d.produce_backlog()
+    assert names.asked == 0 and d.producer.attempts == 0
+    d.add(run(10, 1, partition=3, prev=9))  # (joined to what waits: looked at once it goes)
+    d.produce_backlog()
+    assert names.asked == 0 and d.producer.attempts == 0
+    while d.backlog:
+        d.producer.acknowledge()
+        d.produce_backlog()
+    sent = [(m.partition(), int(dict(m.headers())["sourceOffset"])) for m in d.producer.taken]
+    assert sorted(sent) == sorted({(p, o) for p in range(4) for o in range(10)} |
+                                  {(0, 100), (3, 10)})
+    for p in range(4):
+        assert [o for q, o in sent if q == p] == sorted(o for q, o in sent if q == p)
+    assert d.backlog_records == 0 and d.produced == 42
+
+
+def test_runs_of_a_topic_not_writable_yet_wait_apart_and_cost_nothing_until_it_is():
+    """The runs of a destination topic not known yet are parked by topic: the other topics'
+    go on, a turn looks only at the runs added since the last (not at every run waiting), and
+    the parked ones go, before those that came after them, once the topic is answered."""
+    d, _, asked, _ = destination()
+    d.name_of = names = Counting()
+    d.dest_partitions["dst_u"] = 4
+    for o in range(50):
+        d.add(run(o, 1, partition=o % 4, prev=o - 1 if o >= 4 else None))  # (t: not known)
+    d.produce_backlog()
+    assert asked == [("dst_t", 4)] and d.holds and not d.backlog and d.backlog_records == 50
+    names.asked = 0
+    d.add(run(0, 3, topic="u"))
+    d.produce_backlog()
+    assert names.asked == 1 and [m.topic() for m in d.producer.taken] == ["dst_u"] * 3
+    for _ in range(10):
+        d.produce_backlog()
+    assert names.asked == 1
+    d.add(run(50, 1, partition=2, prev=46))  # (t again: to the parked ones, in order)
+    d.topic_answered(TopicAnswer("dst_t", 4, False, None))
+    d.produce_backlog()
+    written_t = [(m.partition(), int(dict(m.headers())["sourceOffset"]))
+                 for m in d.producer.taken if m.topic() == "dst_t"]
+    assert sorted(written_t) == sorted([(o % 4, o) for o in range(50)] + [(2, 50)])
+    for p in range(4):
+        offsets = [o for q, o in written_t if q == p]
+        assert offsets == sorted(offsets)
+    assert not d.holds and d.backlog_records == 0
