@@ -19,10 +19,7 @@ import time
 import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:  # (the writer stage made for scripts/bench --mode writer)
-    from benchlib.writer_cost import fill  # noqa: E402
-except ImportError:  # (before it moved there from scripts/writer_partitions.py)
-    from writer_partitions import fill  # noqa: E402
+from benchlib.writer_cost import fill  # noqa: E402 (as scripts/bench --mode writer fills it)
 from writer_flow import Producer  # noqa: E402
 
 from diode.link import crypto  # noqa: E402

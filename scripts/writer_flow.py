@@ -24,10 +24,7 @@ import time
 import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:  # (the writer stage made for scripts/bench --mode writer)
-    from benchlib.writer_cost import writer  # noqa: E402
-except ImportError:  # (before it moved there from scripts/writer_partitions.py)
-    from writer_partitions import writer  # noqa: E402
+from benchlib.writer_cost import writer  # noqa: E402 (the stage of scripts/bench --mode writer)
 
 from diode.accounting.ordering import PartitionState, SourcePartition  # noqa: E402
 from diode.link.records import Record  # noqa: E402
