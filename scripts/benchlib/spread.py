@@ -71,6 +71,10 @@ def add_arguments(ap) -> None:
                     help="with --partitions: diode also copies the same count of records over "
                          f"M partitions (M/{PER_TOPIC} topics, at least 1) in every "
                          "repeat, for the ratio of the rates (e.g. 3)")
+    ap.add_argument("--destination-topics-ahead", action="store_true",
+                    help="with --partitions: create diode's destination topics before its "
+                         "launch, as the relay's are (an operator who makes them ahead); by "
+                         "default the kafka_writer creates them and the copy includes that")
     ap.add_argument("--idle-seconds", type=float, default=5.0,
                     help="with --partitions: the idle window after the copy (default 5)")
     ap.add_argument("--lone-records", type=int, default=200,
@@ -86,8 +90,10 @@ def check_arguments(ap, args) -> None:
     """--topics by default, every layout possible, the options that need --partitions given
     it; the mode is "partitions" when it is."""
     if args.partitions is None:
-        if args.topics is not None or args.against_partitions is not None:
-            ap.error("--topics and --against-partitions go with --partitions")
+        if args.topics is not None or args.against_partitions is not None or \
+                args.destination_topics_ahead:
+            ap.error("--topics, --against-partitions and --destination-topics-ahead go with "
+                     "--partitions")
     else:
         if args.mode != "e2e" or args.live or args.path != "loopback":
             ap.error("--partitions measures end to end on loopback (or with --mode writer or "
@@ -291,6 +297,8 @@ def diode(b: Bench, src, lay: Layout, tag: str) -> dict:
                    os.path.join(b.work, f"run-{name}"), args.rate_mbps)
     del cfg["sender"]["topics"]
     cfg["sender"]["topics.regex"] = [lay.regex]
+    if args.destination_topics_ahead:
+        create_topics(dst.bootstrap, {prefix + t: n for t, n in lay.topics.items()})
     launch = DiodeLaunch(b, cfg, name)
     meter = WatermarkMeter(dst.bootstrap, None, tps=lay.tps(prefix))
     margs = _with(args, meter_interval=meter_interval(args, lay.partitions))

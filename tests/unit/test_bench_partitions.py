@@ -40,11 +40,15 @@ def test_the_partitions_options_default_and_refuse_what_cannot_be_laid_out():
                              "--against-partitions", "3", "--records-small", "7"])
     assert (args.topics, args.against_partitions, args.records_small) == (10, 3, 7)
     assert bench.parse_args(["--partitions", "3"]).topics == 1
+    assert not bench.parse_args(["--partitions", "3"]).destination_topics_ahead
+    assert bench.parse_args(["--partitions", "3", "--destination-topics-ahead"]) \
+        .destination_topics_ahead
     plain = bench.parse_args([])
     assert (plain.mode, plain.records_small, plain.partitions) == ("e2e", 200000, None)
     assert (plain.first_timeout, plain.idle_timeout) == (60, 35)
     for bad in (["--partitions", "3", "--topics", "5"], ["--topics", "5"],
                 ["--against-partitions", "3"], ["--partitions", "0"],
+                ["--destination-topics-ahead"],
                 ["--partitions", "10", "--mode", "sender"], ["--partitions", "10", "--live"],
                 ["--partitions", "10", "--against-partitions", "0"]):
         with pytest.raises(SystemExit):
