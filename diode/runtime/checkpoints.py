@@ -123,12 +123,17 @@ def merged(data: dict, directory: str, index: int) -> dict:
         log.warning("checkpoint changes left out (the whole checkpoint is used): %s: they "
                     "change another checkpoint than %s", where, path(directory, index))
         return data
-    replaced = {(t, p) for t, p, _ in changes["partitions"]} | \
-        {tuple(tp) for tp in changes["dropped"]}
-    return {**data, "low_water": changes["low_water"], "time_ms": changes["time_ms"],
-            "readers": changes["readers"],
-            "partitions": [e for e in data["partitions"] if (e[0], e[1]) not in replaced] +
-            changes["partitions"]}
+    try:
+        replaced = {(t, p) for t, p, _ in changes["partitions"]} | \
+            {tuple(tp) for tp in changes["dropped"]}
+        return {**data, "low_water": changes["low_water"], "time_ms": changes["time_ms"],
+                "readers": changes["readers"],
+                "partitions": [e for e in data["partitions"] if (e[0], e[1]) not in replaced] +
+                changes["partitions"]}
+    except (KeyError, TypeError, ValueError) as exc:  # (a file damaged on disk)
+        log.warning("checkpoint changes left out (the whole checkpoint is used): %s: %r",
+                    where, exc)
+        return data
 
 
 def load_all(directory: str) -> list[dict]:

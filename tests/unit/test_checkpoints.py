@@ -1,5 +1,7 @@
 """diode.runtime.checkpoints: where a replay starts, whatever the writer count was."""
 
+import json
+
 from diode.runtime import checkpoints
 
 
@@ -34,3 +36,15 @@ def test_a_checkpoint_of_an_earlier_diode_is_not_used(tmp_path):
         '"partitions": [["t", 0, {"frontier": 9}]]}')
     assert checkpoints.load_all(str(tmp_path)) == []
     assert checkpoints.low_water(str(tmp_path), 1) is None
+
+
+def test_changes_damaged_on_disk_leave_the_whole_checkpoint_used_and_say_so(tmp_path, caplog):
+    """Changes that name their whole checkpoint but are not whole themselves (a disk that
+    damaged them): the whole checkpoint alone, logged, never a writer that cannot start."""
+    checkpoints.save(str(tmp_path), 0, 4000, [["t", 0, {"frontier": 9}]], 1, 1000, False,
+                     {0: 17}, whole_id="w1")
+    (tmp_path / "checkpoint-0.changes.json").write_text(json.dumps({
+        "version": checkpoints.VERSION, "writer": 0, "changes_to": "w1", "low_water": 9000}))
+    data = checkpoints.load(str(tmp_path), 0)
+    assert data["low_water"] == 4000 and data["partitions"] == [["t", 0, {"frontier": 9}]]
+    assert "checkpoint changes left out" in caplog.text
