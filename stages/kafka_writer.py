@@ -324,6 +324,7 @@ class Stage(BaseStage):
         if something now waits there: the claim of an idle partition, all written, costs no
         pass."""
         state = self._state(c.topic, c.partition, c.incarnation, c.seen, retired=c.retired)
+        kept = state.chains.get(c.chain_start), state.source_end, state.retiring
         state.heartbeat(c.chain_start, c.last_sent, c.seen, c.live, c.named,
                         self._heard(c.reader, c.sent))
         if c.retired:
@@ -331,6 +332,8 @@ class Stage(BaseStage):
             state.retire(c.seen)
         if state.busy:
             self.held.touched((c.topic, c.partition))
+        elif (state.chains.get(c.chain_start), state.source_end, state.retiring) != kept:
+            self.held.to_save((c.topic, c.partition))  # (what a restart needs of the chain)
 
     def _heard(self, reader: int, sent: int) -> int:
         """A heartbeat of the sender's `reader` sent at `sent` (sender time, ms) was heard: the

@@ -10,8 +10,8 @@ partitions that changed, not to those that exist (issue 36: 10 000 partitions, m
   becomes busy is always in it, and an idle one costs nothing per tick.
 - `changed`: the partitions touched since the metrics were last summed (`sums`): their
   duplicates, records waiting and open tickets are counted again, the others' kept.
-- `unsaved`: the partitions touched or passed by the expiry since the last checkpoint took them
-  (`take_unsaved`, diode.writer.recovery): only their states are compared with what the
+- `unsaved`: the partitions touched, passed by the expiry or changed only in what a checkpoint
+  keeps (`to_save`) since the last checkpoint took them (`take_unsaved`, diode.writer.recovery): only their states are compared with what the
   checkpoints hold.
 
 This room owns the two sets and the sums; it does not own the partitions' states (the writer's
@@ -46,6 +46,12 @@ class Held:
         pass, and counted again by the next `sums`."""
         self.busy[tp] = None
         self.changed.add(tp)
+        self.unsaved.add(tp)
+
+    def to_save(self, tp: tuple) -> None:
+        """A source partition's states changed in what a checkpoint keeps, with nothing
+        waiting (a heartbeat's claim of a chain all written: when it was first named): compared
+        with the checkpoints at the next one, looked at by no expiry pass."""
         self.unsaved.add(tp)
 
     def offered(self, tp: tuple, busy: bool) -> None:

@@ -58,3 +58,19 @@ def test_a_chain_named_before_the_reader_was_first_heard_is_joined_one_named_aft
     # The claim of a partition all written leaves nothing waiting: no expiry pass looks at it.
     writer._claim(claim(1, NAMED_BEFORE)._replace(last_sent=12))
     assert ("t", 1) not in writer.held.busy
+
+
+def test_a_claim_that_changes_only_what_a_checkpoint_keeps_is_saved_by_the_next_one(
+        writer):  # noqa: F811 (the fixture)
+    """The claim of a partition all written leaves nothing for the expiry, but what it says of
+    the chain (when it was first named, its reader heard) is what a restart needs to tell a
+    chain it saw start: the next checkpoint compares that partition, not only every 300 s."""
+    writer._heard(0, HEARD)
+    offer(writer, run(0, 10, partition=1), clock=1.0)
+    writer._expire(2.0)
+    writer.held.take_unsaved()  # (as the checkpoint before took them)
+    writer._claim(claim(1, NAMED_BEFORE))  # (records 0..9, all written: nothing waits)
+    assert ("t", 1) not in writer.held.busy
+    assert ("t", 1) in writer.held.take_unsaved()
+    writer._claim(claim(1, NAMED_BEFORE))  # (the same again: nothing new to save)
+    assert ("t", 1) not in writer.held.take_unsaved()
