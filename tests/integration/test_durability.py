@@ -33,10 +33,14 @@ def durable_topology(tmp_path, src, dst, **overrides):
 
 class Stream:
     """Records produced to the source at `rate` per second in a thread; each remembers when it
-    was produced, so a test knows which were sent while the receiver was down."""
+    was produced, so a test knows which were sent while the receiver was down. `batch(first,
+    end)`: records first..end-1 to produce to `topic` (by default the 4 partitions of "src")."""
 
-    def __init__(self, bootstrap, total: int, rate: int):
+    def __init__(self, bootstrap, total: int, rate: int, first: int = 0, topic="src",
+                 batch=None, timeout: float = 120):
         self.bootstrap, self.total, self.rate = bootstrap, total, rate
+        self.first, self.topic, self.timeout = first, topic, timeout
+        self.batch = batch or source_records
         self.produced_at: list = []  # (time.monotonic() once acknowledged, records so far)
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -47,25 +51,28 @@ class Stream:
     def _run(self):
         chunk = max(1, self.rate // 10)
         next_at = time.monotonic()
-        for start in range(0, self.total, chunk):
-            produce(self.bootstrap, "src", [{"value": b"r%06d" % i + b"." * 100,
-                                             "key": b"k%d" % (i % 97),
-                                             "partition": i % PARTITIONS}
-                                            for i in range(start, min(start + chunk,
-                                                                      self.total))])
-            self.produced_at.append((time.monotonic(), min(start + chunk, self.total)))
+        for start in range(self.first, self.total, chunk):
+            end = min(start + chunk, self.total)
+            produce(self.bootstrap, self.topic, self.batch(start, end))
+            self.produced_at.append((time.monotonic(), end))
             next_at += 0.1
             time.sleep(max(0.0, next_at - time.monotonic()))  # (pacing: `rate` per second)
 
     def join(self):
-        self.thread.join(120)
+        self.thread.join(self.timeout)
         assert not self.thread.is_alive(), "the source stream did not finish"
 
     def produced_between(self, start: float, end: float) -> int:
         """How many records were produced (acknowledged) between two time.monotonic()s."""
         before = [n for t, n in self.produced_at if t < start]
         until = [n for t, n in self.produced_at if t <= end]
-        return (until[-1] if until else 0) - (before[-1] if before else 0)
+        return (until[-1] if until else self.first) - (before[-1] if before else self.first)
+
+
+def source_records(first: int, end: int) -> list:
+    """Records first..end-1 of a Stream's default source: over its PARTITIONS, keys cycling."""
+    return [{"value": b"r%06d" % i + b"." * 100, "key": b"k%d" % (i % 97),
+             "partition": i % PARTITIONS} for i in range(first, end)]
 
 
 @dataclass

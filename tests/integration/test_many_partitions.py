@@ -24,7 +24,6 @@ Apache Kafka broker makes each partition's log after answering the CreateTopics 
 75 ms a partition under load and ~3 a second under a load of 58 (its log: "Creating new
 partition"), the destination's as long again, past what the suite's 40 minutes leave."""
 
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from diode.kafka.clients import create_topics
 
 from tests.conftest import client, missing_event, only_on, produce, read_until, wait_for
-from tests.integration.test_durability import durable_topology
+from tests.integration.test_durability import Stream, durable_topology
 
 TOPICS, PER_TOPIC = 20, 50
 PARTITIONS = TOPICS * PER_TOPIC
@@ -171,37 +170,6 @@ def once_or_reported(a: Audit, counts: Counter, receiver) -> str:
     return out
 
 
-class SpreadStream:
-    """Records produced at `rate` per second in a thread, each to its partition (where),
-    remembering when, so that the test knows how many came while the receiver was down."""
-
-    def __init__(self, bootstrap: str, start: int, total: int, rate: int):
-        self.bootstrap, self.start_at, self.total, self.rate = bootstrap, start, total, rate
-        self.produced_at: list = []  # (time.monotonic() once acknowledged, records so far)
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        chunk = max(1, self.rate // 10)
-        next_at = time.monotonic()
-        for start in range(self.start_at, self.total, chunk):
-            end = min(start + chunk, self.total)
-            produce(self.bootstrap, None, records(start, end))
-            self.produced_at.append((time.monotonic(), end))
-            next_at += 0.1
-            time.sleep(max(0.0, next_at - time.monotonic()))  # (pacing: `rate` per second)
-
-    def join(self):
-        self.thread.join(180)
-        assert not self.thread.is_alive(), "the source stream did not finish"
-
-    def produced_between(self, start: float, end: float) -> int:
-        before = [n for t, n in self.produced_at if t < start]
-        until = [n for t, n in self.produced_at if t <= end]
-        return (until[-1] if until else self.start_at) - \
-            (before[-1] if before else self.start_at)
-
-
 @only_on("tansu")  # (Apache Kafka's partition creation alone is minutes: see the module)
 def test_a_thousand_partitions_every_record_once_and_a_receiver_restart_accounted_exactly(
         tmp_path, brokers, launch):
@@ -236,7 +204,8 @@ def test_a_thousand_partitions_every_record_once_and_a_receiver_restart_accounte
     assert sorted(a.values.values()) == sorted(r["value"] for r in records(0, first))
     audited = time.monotonic()
 
-    stream = SpreadStream(src.bootstrap, first, total, rate)
+    stream = Stream(src.bootstrap, total, rate, first=first, topic=None, batch=records,
+                    timeout=180).start()
     time.sleep(2)  # (records of the stream cross before the receiver goes)
     went = time.monotonic()
     assert receiver.stop() == 0
