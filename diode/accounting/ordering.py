@@ -67,7 +67,9 @@ receiver. Until live traffic (not the journal's replay of what arrived before) w
 the partition, what it shows missing was sent while no receiver was reading, and is reported with
 the reason "receiver-down": the gap before the first live record, and every tail the sender's
 heartbeats claim before it (a heartbeat claims what the sender handed to its kernel, which it may
-learn after the restart of records it sent before).
+learn after the restart of records it sent before). The same holds when the first live record
+joins a chain whose start no heartbeat has named yet, and the heartbeat that does comes after
+the record was written: the head it accounts was sent while no receiver read (`down_to`).
 
 Offsets mean something only within one incarnation of a source partition (a topic deleted and
 recreated starts again at 0; diode.kafka.identity), so a state belongs to one incarnation and a
@@ -185,6 +187,10 @@ class PartitionState:
         self._claims: deque = deque()      # Claims, last sent increasing within a chain
         self.duplicates = 0
         self.resumed = resumed             # after a restart, no live record written yet
+        # After a restart, the first live record joined a chain this receiver had not heard
+        # start: what a heartbeat later shows missing up to here was sent while no receiver
+        # read, as if the heartbeat had come first (-1: none such).
+        self.down_to = -1
         # Open resend tickets: reported ranges, sorted and disjoint, until no gap is left in
         # them (or none the source holds).
         self.tickets = OpenTickets()
@@ -202,7 +208,8 @@ class PartitionState:
                 "source_end": self.source_end, "log_start": self.log_start,
                 "tickets": [t.as_list() for t in self.tickets[-CHECKPOINT_GAPS:]],
                 "last_timestamp": self.last_timestamp,
-                "chains": [[start, *known] for start, known in self.chains.items()]}
+                "chains": [[start, *known] for start, known in self.chains.items()],
+                "down_to": self.down_to}
 
     @classmethod
     def restore(cls, saved: dict, wait: float, max_wait: float | None = None,
@@ -224,6 +231,7 @@ class PartitionState:
         # the wait starts again at the first expire() after the restart
         state.expected = [[first, last, None] for first, last in saved.get("expected", [])]
         state.resumed = True
+        state.down_to = int(saved.get("down_to", -1))
         return state
 
     def written_up_to(self, offset: int) -> None:
@@ -524,19 +532,26 @@ class PartitionState:
             # and what comes from there later is written, not taken for a duplicate.
             self.frontier = need
             self.unknown = [[0, need]] if need >= 0 else []
+            if self.resumed and not run.origin[2]:
+                self.down_to = need  # (its first live record: the unknown head, see _reason)
         elif need > self.frontier:
             self._report(Missing(self.frontier + 1, need,
                                  self._reason(reasons.GAP, not run.origin[2])), u)
             self.frontier = need
         self._release(u)
 
-    def _reason(self, reason: str, live: bool) -> str:
+    def _reason(self, reason: str, live: bool, last: int | None = None) -> str:
         """What live traffic shows missing before its first record after a restart: sent while
-        no receiver read (`resumed` ends when a live record is written); what a retirement
-        leaves open: "source-reset"."""
+        no receiver read (`resumed` ends when a live record is written), and so is the head of
+        a chain that first record joined (up to `down_to`), should a live heartbeat account it
+        only after the record was written (the heartbeat naming the chain's start came later
+        than the reorder wait: a paced link, a loaded machine); what a retirement leaves open:
+        "source-reset"."""
         if self._resetting:
             return reasons.SOURCE_RESET
-        return reasons.RECEIVER_DOWN if self.resumed and live else reason
+        if live and (self.resumed or (last is not None and last <= self.down_to)):
+            return reasons.RECEIVER_DOWN
+        return reason
 
     def _widen(self, now: float, filled: list) -> None:
         """Gaps reported too early were filled by the chain: wait longer (see the module)."""
@@ -567,7 +582,7 @@ class PartitionState:
                 keep.append([a, b])
                 continue
             keep += [r for r in ([a, lo - 1], [hi + 1, b]) if r[0] <= r[1]]
-            self._report_below(Missing(lo, hi, self._reason(reasons.GAP, live)), u)
+            self._report_below(Missing(lo, hi, self._reason(reasons.GAP, live, hi)), u)
         self.unknown = keep
 
     def _report_below(self, m: Missing, u: Update) -> None:

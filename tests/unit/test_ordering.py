@@ -630,3 +630,36 @@ def test_exact_accounting_of_a_chain_seen_start_whatever_is_lost_and_when_heartb
     assert len(reported) == len(set(reported))       # each once
     assert set(reported) == set(range(n)) - got
     assert {m.reason for m in missing} <= {"gap", "tail"}
+
+
+def test_a_chain_started_while_down_is_receiver_down_when_its_heartbeat_comes_after_a_live_record():
+    """A partition first seen by a restarted receiver (its chain started while no receiver
+    read): the first live record waited out the reorder wait before any heartbeat named where
+    the chain began (a paced link queues the heartbeats behind the records) and was written;
+    the head the heartbeat then accounts was sent while the receiver was down, as it would be
+    had the heartbeat come first. CI found it reported "gap" (test_source_identity)."""
+    for first_heartbeat in (False, True):
+        s = PartitionState(wait=1.0, resumed=True)
+        sent = chain(range(12), per_run=4)      # [0..3] sent while no receiver read
+        writes, _, _ = feed(s, [live(r) for r in sent[1:2]], t=0.0)
+        if first_heartbeat:
+            beat(s, 7, now=0.1)
+        u = s.expire(1.0)
+        writes += u.writes
+        if not first_heartbeat:
+            assert u.missing == []               # nothing says where the chain began: written
+            beat(s, 7, now=1.5)
+            u = s.expire(2.5)
+        assert offs(writes) == [4, 5, 6, 7]
+        assert u.missing == [Missing(0, 3, "receiver-down")], first_heartbeat
+        # from then on, a loss is the link's
+        feed(s, [live(sent[2])], t=3.0)
+        beat(s, 11, now=3.0)
+        s = restarted(s) if first_heartbeat else s
+        assert s.expire(4.5).missing == [] and s.down_to in (-1, 3)
+    # the same head lost on the link while the receiver ran (not resumed) stays a gap
+    s = PartitionState(wait=1.0)
+    feed(s, [live(r) for r in chain(range(8), per_run=4)[1:]], t=0.0)
+    s.expire(1.0)
+    beat(s, 7, now=1.5)
+    assert s.expire(2.5).missing == [Missing(0, 3, "gap")]
