@@ -120,7 +120,7 @@ class Stage(BaseStage):
             if ctx.spec.index == 0 else None
         self.view = SourceView(r, self.metrics, self.log, sources=self.sources, owns=self._owns,
                                reporter=self.reporter, emit=self.dest.emit, sync=self.sync,
-                               touched=self.held.touched)
+                               touched=self.held.touched, changed=self.held.take_changed)
         self.link = LinkWatch(r, self.metrics, self.log, self.dest.emit,
                               lambda: len(self.dest.event_queue), MAX_EVENTS)
         # The reader's clock and journal position, per unpacker, from its marks (messages.Mark):
