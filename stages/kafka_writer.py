@@ -72,7 +72,7 @@ from diode.link.records import partition_owner
 from diode.link.runs import Run
 from diode.runtime.worker import Stage as BaseStage
 from diode.runtime.messages import Batch, Claim, DigestBatch, Heard, Mark, MetadataLook
-from diode.writer.destination import FLUSH_STEP_SECONDS, Destination
+from diode.writer.destination import FLUSH_STEP_SECONDS, MAX_PARTITIONS, Destination
 from diode.writer.held import Held
 from diode.writer.link_watch import LinkWatch
 from diode.writer.recovery import Recovery
@@ -105,6 +105,7 @@ class Stage(BaseStage):
         self.held = Held(self.sources)
         self.heard: dict = {}  # the sender's reader -> the earliest sender time (ms) heard of it
         self.writers = ctx.instances("kafka_writer")
+        self.owned: dict = {}  # (topic, partition) -> whether this writer owns it (_owns)
         self.dest = Destination(r, self.metrics, self.log,
                                 lambda **config: Producer(producer_config(kafka, **config)),
                                 self.destination, self.source_partitions, None,
@@ -120,7 +121,7 @@ class Stage(BaseStage):
             if ctx.spec.index == 0 else None
         self.view = SourceView(r, self.metrics, self.log, sources=self.sources, owns=self._owns,
                                reporter=self.reporter, emit=self.dest.emit, sync=self.sync,
-                               touched=self.held.touched)
+                               touched=self.held.touched, changed=self.held.take_changed)
         self.link = LinkWatch(r, self.metrics, self.log, self.dest.emit,
                               lambda: len(self.dest.event_queue), MAX_EVENTS)
         # The reader's clock and journal position, per unpacker, from its marks (messages.Mark):
@@ -158,7 +159,15 @@ class Stage(BaseStage):
         return name
 
     def _owns(self, topic: str, partition: int) -> bool:
-        return partition_owner(topic, partition, self.writers) == self.ctx.spec.index
+        """Whether this writer owns the source partition (asked for every run: kept, for as
+        many partitions as the states are)."""
+        key = (topic, partition)
+        mine = self.owned.get(key)
+        if mine is None:
+            mine = partition_owner(topic, partition, self.writers) == self.ctx.spec.index
+            if len(self.owned) < MAX_PARTITIONS:
+                self.owned[key] = mine
+        return mine
 
     # -- what the loop hands over (diode.runtime.worker.Stage.step) ----------------------------
 

@@ -245,6 +245,26 @@ HEADERS = (
 HEADER_NAMES = frozenset(h.name for h in HEADERS)
 
 
+MAX_PROVENANCES = 20_000  # source partitions whose provenance headers are kept made
+_provenances: dict = {}  # (topic, partition, incarnation) -> (sourceTopic, sourcePartition,
+#                          sourceTopicId or None): the headers alike on its every record
+
+
+def _provenance(topic: str, partition: int, incarnation: bytes | None) -> tuple:
+    """A source partition's own provenance headers, made once (kept for MAX_PROVENANCES
+    partitions; past that, made at each call): with runs of one record spread over a thousand
+    partitions, making them (the incarnation's text above all) came once a record."""
+    key = (topic, partition, incarnation)
+    made = _provenances.get(key)
+    if made is None:
+        made = ((SOURCE_TOPIC, topic.encode()), (SOURCE_PARTITION, b"%d" % partition),
+                (SOURCE_TOPIC_ID, identity.text(incarnation).encode())
+                if incarnation is not None else None)
+        if len(_provenances) < MAX_PROVENANCES:
+            _provenances[key] = made
+    return made
+
+
 def provenance_headers(topic: str, partition: int, incarnation: bytes | None, offsets,
                        own=None, extra=()) -> list:
     """The headers of each record at `offsets` of a source partition, as written: its own
@@ -253,14 +273,14 @@ def provenance_headers(topic: str, partition: int, incarnation: bytes | None, of
     UTF-8 decimal, and sourceTopicId: the incarnation's text, diode.kafka.identity; left out
     when `incarnation` is None), then `extra` (the written-at header, a ticket). One list per
     record, each built in one display: the writer's hot path (diode.kafka.clients.produce_run)
-    makes these per record, so nothing here is per record but the list and its offset."""
-    st, sp = (SOURCE_TOPIC, topic.encode()), (SOURCE_PARTITION, b"%d" % partition)
-    if incarnation is None:
+    makes these per record, so nothing here is per record but the list and its offset, and
+    nothing per run but a look-up (_provenance)."""
+    st, sp, si = _provenance(topic, partition, incarnation)
+    if si is None:
         if own is None:
             return [[st, sp, (SOURCE_OFFSET, b"%d" % o), *extra] for o in offsets]
         return [[*mine, st, sp, (SOURCE_OFFSET, b"%d" % o), *extra]
                 for mine, o in zip(own, offsets)]
-    si = (SOURCE_TOPIC_ID, identity.text(incarnation).encode())
     if own is None:
         return [[st, sp, (SOURCE_OFFSET, b"%d" % o), si, *extra] for o in offsets]
     return [[*mine, st, sp, (SOURCE_OFFSET, b"%d" % o), si, *extra]

@@ -205,6 +205,27 @@ def split_payload(buf) -> list:
     return out
 
 
+MAX_TOPICS = 65536  # topic names kept decoded (_topic)
+_topics: dict = {}  # a topic's UTF-8 bytes -> its name
+
+
+def _topic(raw) -> str:
+    """A run's topic (bytes or a view of them) as text: decoded once per process for the
+    first MAX_TOPICS topics (a run's header carries it, every run: one look-up here).
+    UnicodeDecodeError if it is no UTF-8."""
+    try:
+        name = _topics.get(raw)
+    except ValueError:  # (a view of writable memory cannot be hashed)
+        raw = bytes(raw)
+        name = _topics.get(raw)
+    if name is None:
+        raw = bytes(raw)
+        name = raw.decode()
+        if len(_topics) < MAX_TOPICS:
+            _topics[raw] = name
+    return name
+
+
 def _column(buf, pos: int, code: str, n: int) -> tuple[array, int]:
     a = array(code)
     end = pos + a.itemsize * n
@@ -257,13 +278,25 @@ class Run:
                     pcount < 1 or prev < RESEND or flags & ~FLAG_HEADERS:
                 raise ValueError("inconsistent run header")
             pos = HEADER_BYTES + tlen
-            topic = bytes(buf[HEADER_BYTES:pos]).decode()
-            offsets, pos = _column(buf, pos, "q", n)
-            timestamps, pos = _column(buf, pos, "q", n)
-            types = bytes(buf[pos:pos + n])
-            pos += n
-            key_lens, pos = _column(buf, pos, "i", n)
-            value_lens, pos = _column(buf, pos, "i", n)
+            topic = _topic(buf[HEADER_BYTES:pos])
+            # the fixed columns read in place (no call per column: a run of one record, as
+            # runs are when records are spread thin over many partitions, is mostly this)
+            offsets, timestamps, key_lens, value_lens = (array("q"), array("q"), array("i"),
+                                                         array("i"))
+            end = pos + 8 * n
+            offsets.frombytes(buf[pos:end])
+            pos, end = end, end + 8 * n
+            timestamps.frombytes(buf[pos:end])
+            pos, end = end, end + n
+            types = bytes(buf[pos:end])
+            pos, end = end, end + 4 * n
+            key_lens.frombytes(buf[pos:end])
+            pos, end = end, end + 4 * n
+            value_lens.frombytes(buf[pos:end])
+            pos = end
+            if not _LITTLE:
+                for a in (offsets, timestamps, key_lens, value_lens):
+                    a.byteswap()
             headers = None
             if flags & FLAG_HEADERS:
                 counts, pos = _column(buf, pos, "i", n)
@@ -276,10 +309,10 @@ class Run:
                 raise ValueError("headers block without header columns")
             if pos + kb + vb + hb != length:
                 raise ValueError("blocks do not add up to the run's length")
-            for lens, block in ((key_lens, kb), (value_lens, vb)):
-                if min(lens) < -1 or sum(lens) + lens.count(-1) != block:
-                    raise ValueError("lengths do not match their block")
-            if not trusted and (offsets[0] <= prev or not _increasing(offsets)):
+            if min(key_lens) < -1 or sum(key_lens) + key_lens.count(-1) != kb or \
+                    min(value_lens) < -1 or sum(value_lens) + value_lens.count(-1) != vb:
+                raise ValueError("lengths do not match their block")
+            if not trusted and (offsets[0] <= prev or n > 1 and not _increasing(offsets)):
                 raise ValueError("offsets do not increase")
             keys = buf[pos:pos + kb]
             values = buf[pos + kb:pos + kb + vb]
@@ -293,7 +326,7 @@ class Run:
                            buf[start + nb:length])
             run = cls(topic, partition, pcount, prev, offsets, timestamps, types, key_lens,
                       value_lens, keys, values, headers, inc)
-            if not trusted:
+            if headers is not None and not trusted:
                 run.header_lists()  # a malformed header name is this run's rejection
         except RejectedDatagram:
             raise

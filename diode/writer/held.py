@@ -9,7 +9,9 @@ partitions that changed, not to those that exist (issue 36: 10 000 partitions, m
   (`due`) walks only these and takes out those left with nothing waiting. So a partition that
   becomes busy is always in it, and an idle one costs nothing per tick.
 - `changed`: the partitions touched since the metrics were last summed (`sums`): their
-  duplicates, records waiting and open tickets are counted again, the others' kept.
+  duplicates, records waiting and open tickets are counted again, the others' kept; and those
+  changed since the source view last asked (`take_changed`, diode.writer.source_view): their
+  lag and records at risk are counted again.
 - `unsaved`: the partitions touched, passed by the expiry or changed only in what a checkpoint
   keeps (`to_save`) since the last checkpoint took them (`take_unsaved`, diode.writer.recovery): only their states are compared with what the
   checkpoints hold.
@@ -36,6 +38,7 @@ class Held:
         self.sources = sources
         self.busy: dict = {}      # (topic, partition) -> None: an ordered set
         self.changed: set = set()
+        self.summed: set = set()  # changed, summed since the source view's last take_changed
         self.unsaved: set = set()
         self.tallies: dict = {}   # (topic, partition) -> Tally, of every partition summed
         self.oldest: dict = {}    # (topic, partition) -> its oldest open ticket (ms), if any
@@ -81,6 +84,12 @@ class Held:
                 self.unsaved.add(tp)
                 yield tp, source
 
+    def take_changed(self) -> set:
+        """The partitions changed since the last call (summed by `sums` or not yet): the
+        source view's lag and records at risk (diode.writer.source_view)."""
+        changed, self.summed = self.summed | self.changed, set()
+        return changed
+
     def take_unsaved(self) -> set:
         """The partitions touched or expired since the last call (see `unsaved`)."""
         unsaved, self.unsaved = self.unsaved, set()
@@ -114,6 +123,7 @@ class Held:
                 self.oldest.pop(tp, None)
             else:
                 self.oldest[tp] = new.oldest
+        self.summed |= self.changed
         self.changed.clear()
         return (self.duplicates, self.pending, self.tickets,
                 min(self.oldest.values()) if self.oldest else None)

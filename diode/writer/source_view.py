@@ -30,6 +30,32 @@ class SourceLook(NamedTuple):
     time_ms: int        # when the reader looked (sender time)
 
 
+class Share(NamedTuple):
+    """What one source partition adds to its topic's gauges (SourceView.export)."""
+    lag: int    # records its source holds past what was written here or reported missing
+    held: int   # records its source holds (end - log start)
+    risk: int   # records reported missing that the source deletes next
+
+
+class Lag:
+    """A source topic's sums over the partitions counted (SourceView.export)."""
+    __slots__ = ("partitions", "lag", "held", "risk", "exported")
+
+    def __init__(self):
+        self.partitions = self.lag = self.held = self.risk = 0
+        self.exported = False  # its gauges were set (set to 0 when no partition counts)
+
+    def add(self, share: Share) -> None:
+        self.partitions += 1
+        self.lag, self.held, self.risk = (self.lag + share.lag, self.held + share.held,
+                                          self.risk + share.risk)
+
+    def take(self, share: Share) -> None:
+        self.partitions -= 1
+        self.lag, self.held, self.risk = (self.lag - share.lag, self.held - share.held,
+                                          self.risk - share.risk)
+
+
 class TopicSettings(NamedTuple):
     """A source topic's retention, as the sender last read it (-1: none)."""
     retention_ms: int
@@ -39,20 +65,32 @@ class TopicSettings(NamedTuple):
 
 class SourceView:
     def __init__(self, settings, metrics, log, *, sources: dict, owns, reporter, emit,
-                 sync=None, touched=lambda tp: None):
+                 sync=None, touched=lambda tp: None, changed=None):
         """`settings`: the receiver's; `sources`: (topic, partition) -> SourcePartition, the
         writer's; `owns(topic, partition)`; `reporter`: the writer's Reporter; `emit(topic,
         key, value, headers)`: to the events producer; `sync`: writer 0's MetadataSync;
-        `touched(tp)`: a partition's tickets or log start changed here (diode.writer.held)."""
+        `touched(tp)`: a partition's tickets or log start changed here (diode.writer.held);
+        `changed()`: the partitions whose states changed since it was last called
+        (diode.writer.held's take_changed; None: every partition is counted again at every
+        export)."""
         self.r, self.metrics, self.log = settings, metrics, log
         self.sources, self.owns, self.reporter, self.emit = sources, owns, reporter, emit
         self.sync = sync
         self.touched = touched
+        self.changed = changed
         # the source as the sender last looked at it (wire.KIND_SOURCE): (topic, partition) ->
         # (incarnation, log start, end, sender time), topic -> (retention.ms, .bytes, policy)
         self.source_state: dict = {}
         self.topic_settings: dict = {}
-        self.lagging_topics: set = set()  # topics whose lag was exported (set to 0 when gone)
+        # What export() counted, kept so that it counts again only what changed (issue 36: it
+        # walked every partition each second): (topic, partition) -> Share, of the partitions
+        # counted (a look at another incarnation than the one written counts for none);
+        # topic -> Lag, their sums; the partitions whose look changed since (`looked`) and
+        # those with open tickets, whose records at risk change with the time (`ticketed`).
+        self.shares: dict = {}
+        self.lags: dict = {}
+        self.looked: set = set()
+        self.ticketed: set = set()
         self.meta_times: dict = {}    # source topic or (group, topic, partition) -> the time
         #                               of the newest metadata taken for it
         self.meta_topics: dict = {}   # source topic -> its metadata, not yet applied
@@ -68,6 +106,8 @@ class SourceView:
             if known is None and len(self.source_state) >= MAX_PARTITIONS:
                 continue  # (bounded, as the partitions' states are)
             self.source_state[key] = SourceLook(incarnation, log_start, end, state["time_ms"])
+            if known is None or known[:3] != (incarnation, log_start, end):
+                self.looked.add(key)  # (counted again by the next export)
             source = self.sources.get(key)
             held = source.find(incarnation) if source is not None else None
             if held is not None and (held.gaps or log_start > held.log_start):
@@ -87,32 +127,75 @@ class SourceView:
     def export(self) -> None:
         """Per source topic: the records its source holds (end - log start) and those not yet
         written here or reported missing (end - 1 - how far this writer has come: the lag),
-        over the partitions this writer owns, of their current incarnations."""
-        lag, held, risk = {}, {}, {}
+        over the partitions this writer owns, of their current incarnations. Counted again
+        only for the partitions whose look or states changed since the last export, or that
+        have tickets open (their records at risk come due with the time); a topic's gauges
+        are set when its sums change (a topic no partition counts for any more: its lag and
+        records at risk set to 0)."""
         margin = self.r.resend_margin_records
         horizon = int(time.time() * 1000 + self.r.resend_horizon_ms)
-        for (topic, partition), (inc, log_start, end, _) in self.source_state.items():
-            source = self.sources.get((topic, partition))
-            state = source.current if source is not None else None
-            if state is not None and state.incarnation != inc:
-                continue  # (a look at another incarnation than the one written)
-            done = state.frontier if state is not None else log_start - 1
-            done = log_start - 1 if done is None else done
-            lag[topic] = lag.get(topic, 0) + max(0, end - 1 - max(done, log_start - 1))
-            held[topic] = held.get(topic, 0) + max(0, end - log_start)
-            known = self.topic_settings.get(topic)
-            retention_ms = known.retention_ms if known is not None else -1
-            due = state.due_by(horizon, retention_ms) \
-                if state and state.tickets and retention_ms >= 0 else ()
-            risk[topic] = risk.get(topic, 0) + (state.at_risk(margin, due) if state else 0)
-        for topic in self.lagging_topics - set(lag):
-            for name in ("source_lag_records", "missing_at_risk_records"):
-                self.metrics.set(name, 0, topic=topic)
-        for topic in lag:
-            self.metrics.set("source_lag_records", lag[topic], topic=topic)
-            self.metrics.set("source_held_records", held[topic], topic=topic)
-            self.metrics.set("missing_at_risk_records", risk[topic], topic=topic)
-        self.lagging_topics = set(lag)
+        if self.changed is None:
+            again = set(self.source_state)
+        else:
+            again = self.looked | self.ticketed | self.changed()
+        self.looked = set()
+        shares, lags, moved = self.shares, self.lags, set()
+        for key in again:
+            look = self.source_state.get(key)
+            new = self._share(key, look, margin, horizon) if look is not None else None
+            old = shares.get(key)
+            if new == old:
+                continue
+            topic = key[0]
+            lag = lags.get(topic)
+            if lag is None:
+                lag = lags[topic] = Lag()
+            if old is not None:
+                lag.take(old)
+            if new is None:
+                del shares[key]
+            else:
+                shares[key] = new
+                lag.add(new)
+            moved.add(topic)
+        for topic in moved:
+            lag = lags[topic]
+            if lag.partitions == 0:
+                del lags[topic]
+                if lag.exported:
+                    for name in ("source_lag_records", "missing_at_risk_records"):
+                        self.metrics.set(name, 0, topic=topic)
+                continue
+            self.metrics.set("source_lag_records", lag.lag, topic=topic)
+            self.metrics.set("source_held_records", lag.held, topic=topic)
+            self.metrics.set("missing_at_risk_records", lag.risk, topic=topic)
+            lag.exported = True
+
+    def _share(self, key: tuple, look: SourceLook, margin: int, horizon: int):
+        """What a partition adds to its topic's sums (Share), None when its look is of
+        another incarnation than the one written; kept in `ticketed` while it has tickets."""
+        inc, log_start, end, _ = look
+        source = self.sources.get(key)
+        state = source.current if source is not None else None
+        if state is not None and state.incarnation != inc:
+            self.ticketed.discard(key)
+            return None  # (a look at another incarnation than the one written)
+        done = state.frontier if state is not None else log_start - 1
+        done = log_start - 1 if done is None else done
+        risk = 0
+        if state is not None:
+            if state.tickets:
+                self.ticketed.add(key)
+                known = self.topic_settings.get(key[0])
+                retention_ms = known.retention_ms if known is not None else -1
+                due = state.due_by(horizon, retention_ms) if retention_ms >= 0 else ()
+            else:
+                self.ticketed.discard(key)
+                due = ()
+            risk = state.at_risk(margin, due)
+        else:
+            self.ticketed.discard(key)
+        return Share(max(0, end - 1 - max(done, log_start - 1)), max(0, end - log_start), risk)
 
     def digests(self, batch: dict) -> None:
         """The sender's digests of ranges it read (diode.accounting.digests): to

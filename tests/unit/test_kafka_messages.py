@@ -145,3 +145,24 @@ def test_the_missing_records_fields_in_the_settings_reference_are_the_definition
     line = messages.missing_records_fields()
     assert f"type missing: {', '.join(messages.MISSING.names)};" in line
     assert line.endswith("closed: with state, openedAt, closedAt")
+
+
+def test_a_partitions_provenance_made_once_is_the_bytes_made_each_time(monkeypatch):
+    """The writer keeps each source partition's own provenance headers made (runs of one record
+    over a thousand partitions made them once a record): its records' headers are the same
+    bytes the first time, when kept, and past the bound (made again at each call)."""
+    Y = b"\x0b" * 16
+    first = messages.provenance_headers("t", 7, Y, [5, 6], None, [("writtenAt", b"9")])
+    expected = [[("sourceTopic", b"t"), ("sourcePartition", b"7"), ("sourceOffset", b"%d" % o),
+                 ("sourceTopicId", identity.text(Y).encode()), ("writtenAt", b"9")]
+                for o in (5, 6)]
+    assert first == expected
+    assert messages.provenance_headers("t", 7, Y, [5, 6], None, [("writtenAt", b"9")]) == expected
+    # another partition, another incarnation, none: each its own
+    assert messages.provenance_headers("t", 8, Y, [5])[0][1] == ("sourcePartition", b"8")
+    assert messages.provenance_headers("t", 7, X, [5])[0][3] == ("sourceTopicId", X_TEXT)
+    assert messages.provenance_headers("t", 7, None, [5]) == [[h for h in expected[0][:3]]]
+    monkeypatch.setattr(messages, "_provenances", {})
+    monkeypatch.setattr(messages, "MAX_PROVENANCES", 0)  # (none kept: made at each call)
+    assert messages.provenance_headers("t", 7, Y, [5, 6], None, [("writtenAt", b"9")]) == expected
+    assert messages._provenances == {}

@@ -293,3 +293,16 @@ def test_header_names_are_encoded_once_and_the_cache_stays_bounded():
     # bytes names, and values given as str (tools), are taken too
     assert runs.header_columns([[(b"n", "\u00fc")], None]) == \
         runs.header_columns([[("n", "\u00fc".encode())], []])
+
+
+def test_a_run_decodes_the_same_from_bytes_and_from_views_of_any_memory():
+    """The writer keeps topic names decoded (runs of one record over many partitions decoded
+    each once a run): a run read from bytes, from a view of them, or from a view of writable
+    memory (which cannot be a key) gives the same records, one record or many."""
+    for n in (1, 3):
+        recs = [Record("tø", 2, 10 + i, 1000 + i, 1, b"k", b"v" * i, (("h", b"x"),), 9 + i)
+                for i in range(n)]
+        raw = runs.from_records(recs, 4)
+        for buf in (raw, memoryview(raw), memoryview(bytearray(raw))):
+            run = runs.Run.decode(buf)
+            assert (run.topic, run.partition_count, run.records()) == ("tø", 4, recs)

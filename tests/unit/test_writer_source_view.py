@@ -66,3 +66,65 @@ def test_the_newest_metadata_is_handed_to_the_sync():
     v.metadata({"time_ms": 2000, "topics": [("t", "new")], "groups": [("g", "t", 0, b"i", 7)]})
     v.metadata({"time_ms": 1000, "topics": [("t", "old")], "groups": []})
     assert v.sync.handed == [({"t": ("new",)}, {("g", "t", 0): (b"i", 7)})]
+
+
+def test_the_lag_counted_again_only_where_something_changed_is_the_whole_count():
+    """The writer counts again at each export only the partitions whose look or states changed
+    (diode.writer.held) and those with tickets open: after every change the gauges are those of
+    a view that counts every partition every time (a change missed would leave them stale)."""
+    from diode.writer.held import Held
+    from tests.unit.writer_fakes import run
+
+    sources = {}
+    held = Held(sources)
+    s = settings(**{"missing.records.topic": "missing"})
+
+    def made(changed):
+        m = metrics()
+        return SourceView(s, m, LOG, sources=sources, owns=lambda t, p: True,
+                          reporter=Reporter(s, m, LOG, lambda *e: None), emit=lambda *e: None,
+                          changed=changed, touched=held.touched)
+
+    kept, whole = made(held.take_changed), made(None)
+    old, new = bytes(range(16)), bytes(range(1, 17))
+    for tp in (("a", 0), ("a", 1), ("b", 0)):
+        sources[tp] = SourcePartition()
+        sources[tp].current = PartitionState(0.0, frontier=9, incarnation=old)
+
+    def looked(time_ms, *partitions):
+        for v in (kept, whole):
+            v.source({"time_ms": time_ms, "partitions": list(partitions),
+                      "topics": [("a", 86_400_000, -1, "delete")]})
+
+    def same():
+        for v in (kept, whole):
+            held.sums()  # (as the writer's metrics do first)
+            v.export()
+        series = {k: v for k, v in whole.metrics.gauges.items() if k[1]}
+        assert {k: v for k, v in kept.metrics.gauges.items() if k[1]} == series
+        return {(k[0], k[1][0][1]): v for k, v in series.items()}
+
+    looked(1000, ("a", 0, old, 0, 100), ("a", 1, old, 0, 50), ("b", 0, old, 5, 20))
+    assert same()[("source_lag_records", "a")] == 90 + 40
+    state = sources[("a", 0)].current  # 10..19 written
+    r = run(10, 10)
+    r.origin = (1, 0.0, False)
+    state.offer(r, 0.0)
+    held.offered(("a", 0), state.busy)
+    assert same()[("source_lag_records", "a")] == 80 + 40
+    looked(2000, ("a", 1, old, 0, 60))  # (the source grew)
+    assert same()[("source_lag_records", "a")] == 80 + 50
+    looked(2500, ("a", 1, old, 0, 60))  # (the same look again: nothing to count)
+    assert same()[("source_lag_records", "a")] == 80 + 50
+    state.gaps = [[30, 39]]  # reported missing, a ticket open: at risk within the margin
+    state.open_ticket(30, 39, 0)
+    held.touched(("a", 0))
+    assert same()[("missing_at_risk_records", "a")] == 10
+    looked(3000, ("a", 0, old, 35, 100))  # the source deleted 0..34: 35..39 at risk
+    assert same()[("missing_at_risk_records", "a")] == 5
+    sources[("b", 0)].adopt(PartitionState(0.0, incarnation=new), 0.0)  # recreated
+    held.touched(("b", 0))
+    assert same()[("source_lag_records", "b")] == 0  # (its look is of the old one: counts 0)
+    assert same()[("source_held_records", "b")] == 15  # (as it was: no partition counts)
+    looked(4000, ("b", 0, new, 0, 7))
+    assert same()[("source_lag_records", "b")] == 7
