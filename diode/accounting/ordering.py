@@ -319,8 +319,18 @@ class PartitionState:
     # -- input -------------------------------------------------------------------------------
 
     def offer(self, run, now: float) -> Update:
-        u = Update([], [], [])
         self._now = now
+        frontier = self.frontier
+        prev = run.prev
+        if frontier is not None and not self.pending and 0 <= prev <= frontier < \
+                run.offsets[0]:
+            # The common case, taken first (a run a record when records are spread over many
+            # partitions): the chain's next records, in order, nothing waiting.
+            self.frontier = run.offsets[-1]
+            if self.resumed and not run.origin[2]:
+                self.resumed = False  # live records continue the chain: nothing was missed
+            return Update([run], [], [])
+        u = Update([], [], [])
         if run.resend:
             # An operator's resend (`diode resend`): these records were found missing. One in a
             # reported gap fills it; any other is written as well, since this state may not
