@@ -38,12 +38,14 @@ def answers_to(kafka: dict, asked: dict, monkeypatch, hosted=None) -> dict:
     records for each of its partitions (answered ListOffsets) when its answer was taken."""
     CountingAdmin.creates, CountingAdmin.describes = [], []
     monkeypatch.setattr(preparer, "AdminClient", CountingAdmin)
+    # (a loaded machine's broker may take longer than READY_SECONDS to make 180 partitions)
+    monkeypatch.setattr(preparer, "READY_SECONDS", 150.0)
     p = Preparer(kafka)
     for topic, (partitions, config) in asked.items():
         p.topic(topic, partitions, config)
     p.start()
     answers: dict = {}
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     try:
         while len(answers) < len(asked) and time.monotonic() < deadline:
             taken = [a for a in p.take() if isinstance(a, TopicAnswer)]
