@@ -54,10 +54,12 @@ CREATE_TIMEOUT = 15.0    # s: a topic's creation (the cluster's operation timeou
 SETTLE_SECONDS = 5.0     # s: a topic just created may show an error in metadata this long
 READY_SECONDS = 15.0     # s: a topic's first answer waits this long at most for its leaders to
 #                          take records (ListOffsets answered for every partition)
-SETTLE_POLL = 0.1        # s: the topics waiting for either are looked at this often
+SETTLE_POLL = 0.2        # s: the topics waiting for either are looked at this often
 RECOVERY_TIMEOUT = 5.0   # s: reading what the destination holds (diode.kafka.recovery)
 ANSWERS = 64             # answers waiting for the loop; past it the thread waits
 TOPICS_PER_LOOK = 1000   # topics asked about together (one metadata request, one create)
+OFFSETS_PER_REQUEST = 1000  # partitions in one ListOffsets at most (one of 10 000 crashed
+#                            a process inside librdkafka: scripts/benchlib/meter.py)
 HOLDINGS_PER_READ = 1000  # source partitions whose holdings are read together (one consumer):
 #                           Tansu left most of 5 000 assigned at once unanswered for 30 s
 
@@ -76,6 +78,7 @@ class Settling(NamedTuple):
     count: int                 # its partition count; 0 until its metadata shows it
     created: bool              # created by its question
     error: KafkaError | None   # the last error its metadata gave
+    waiting: tuple = ()        # its partitions not yet seen taking records (ListOffsets)
 
 
 class HoldingsAnswer(NamedTuple):
@@ -239,7 +242,8 @@ class Preparer:
         for topic, (partitions, config) in wanted.items():
             count, error = counts[topic]
             if count >= partitions and topic not in self._counts:
-                self._settling[topic] = Settling(now, count, False, None)
+                self._settling[topic] = Settling(now, count, False, None,
+                                                 tuple(range(count)))
             elif count >= partitions:
                 answers.append(TopicAnswer(topic, count, False, None))
             elif count:
@@ -262,7 +266,8 @@ class Preparer:
         """The TopicAnswers of the topics settling that are ready: in metadata (else answered
         with its error after SETTLE_SECONDS), and every partition answering ListOffsets (its
         leader has made its log: it takes records), or READY_SECONDS after they were asked
-        about all the same. One metadata request and one ListOffsets for all of them."""
+        about all the same. One metadata request and one ListOffsets for all of them (of the
+        partitions not seen taking records yet)."""
         settling, answers = self._settling, []
         if not settling:
             return answers
@@ -277,20 +282,21 @@ class Preparer:
                 count, error = counts[topic]
                 s = settling[topic]
                 if count:
-                    settling[topic] = s._replace(count=count)
+                    settling[topic] = s._replace(count=count, waiting=tuple(range(count)))
                 elif now - s.since >= SETTLE_SECONDS or self._stop.is_set():
                     del settling[topic]
                     answers.append(TopicAnswer(topic, 0, False, unshown(topic, error or s.error)))
                 else:
                     settling[topic] = s._replace(error=error)
-        known = {t: s.count for t, s in settling.items() if s.count}
+        known = {t: s.waiting for t, s in settling.items() if s.count}
         if not known:
             return answers
         waiting = unhosted(admin, known)
         now = time.monotonic()
-        for topic, count in known.items():
+        for topic in known:
             s = settling[topic]
             if topic in waiting and now - s.since < READY_SECONDS and not self._stop.is_set():
+                settling[topic] = s._replace(waiting=tuple(waiting[topic][0]))
                 continue
             if topic in waiting:
                 log.warning("destination topic %s: partition(s) %s not taking records after "
@@ -298,7 +304,7 @@ class Preparer:
                             ", ".join(map(str, sorted(waiting[topic][0]))), READY_SECONDS,
                             waiting[topic][1])
             del settling[topic]
-            answers.append(TopicAnswer(topic, count, s.created, None))
+            answers.append(TopicAnswer(topic, s.count, s.created, None))
         return answers
 
     def _grow(self, admin, topic: str, count: int, partitions: int) -> int:
@@ -348,18 +354,24 @@ def unshown(topic: str, error: KafkaError | None) -> KafkaError:
                       f"the destination's metadata {SETTLE_SECONDS:.0f} s later")
 
 
-def unhosted(admin, counts: dict) -> dict:
-    """topic -> ([its partitions whose leader does not answer ListOffsets], why) for topics of
-    `counts` ({topic: partition count}), all in one ListOffsets: a partition answered has its
-    log made by its leader, and takes records. Every topic when the cluster does not answer."""
-    try:
-        futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest()
-                                      for topic, count in counts.items() for p in range(count)},
-                                     request_timeout=METADATA_TIMEOUT)
-    except KafkaException as exc:
-        return {topic: (list(range(count)), exc.args[0].str()) for topic, count in counts.items()}
-    wait(futures.values(), timeout=METADATA_TIMEOUT + 5)
+def unhosted(admin, partitions: dict) -> dict:
+    """topic -> ([those of its `partitions` whose leader does not answer ListOffsets], why),
+    of `partitions` ({topic: partition numbers}): a partition answered has its log made by its
+    leader, and takes records. Asked in requests of OFFSETS_PER_REQUEST partitions, sent together and
+    then waited for; a request the cluster does not take counts its partitions unanswered."""
+    pairs = [TopicPartition(topic, p) for topic, numbers in partitions.items()
+             for p in numbers]
+    futures: dict = {}
     out: dict = {}
+    for i in range(0, len(pairs), OFFSETS_PER_REQUEST):
+        batch = pairs[i:i + OFFSETS_PER_REQUEST]
+        try:
+            futures.update(admin.list_offsets({tp: OffsetSpec.latest() for tp in batch},
+                                              request_timeout=METADATA_TIMEOUT))
+        except KafkaException as exc:
+            for tp in batch:
+                out.setdefault(tp.topic, ([], exc.args[0].str()))[0].append(tp.partition)
+    wait(futures.values(), timeout=METADATA_TIMEOUT + 5)
     for tp, future in futures.items():
         why = "no answer"
         if future.done():
