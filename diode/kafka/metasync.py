@@ -5,10 +5,13 @@ of its own (what it asks of the destination waits on it: never in the writer's l
 makes the destination follow the source:
 
 - **Topics.** A replicated topic the destination lacks is created with the source's partition
-  count and configs; a partition count raised on the source is raised on the destination (the
-  writers keep a record's partition number only where the destination has it); each config the
-  source describes is set on the destination topic where it differs, unless the operator pinned
-  it (receiver.topic.configs, applied at creation and kept), receiver.sync.topic.configs is off,
+  count and configs, those of a look together (one CreateTopics request, as the writers'
+  Preparer does: the sender's first look names every topic as its records start, and one
+  request per topic made the last of 200 wait over a minute on a loaded broker); a partition
+  count raised on the source is raised on the destination (the writers keep a record's
+  partition number only where the destination has it); each config the source describes is
+  set on the destination topic where it differs, unless the operator pinned it
+  (receiver.topic.configs, applied at creation and kept), receiver.sync.topic.configs is off,
   or the allow/deny lists leave it out. Each change is logged and counted
   (metadata_changes{reason}); each refusal once per value (metadata_refused{reason}).
 - **Consumer groups** (sender.groups): each committed source offset is translated into the
@@ -33,7 +36,8 @@ from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, 
 
 from diode.errors import DiodeError
 from diode.kafka import groups, messages
-from diode.kafka.clients import admin_config, create_topic, producer_config, raise_partitions
+from diode.kafka.clients import (admin_config, create_topic, create_topics, producer_config,
+                                 raise_partitions)
 from diode.kafka.preparer import CREATE_TIMEOUT, TOPICS_PER_LOOK, describe, described
 from diode.kafka.refresh import REQUEST_TIMEOUT, Looker, hand, topic_configs
 
@@ -135,9 +139,11 @@ class MetadataSync(Looker):
             for i in range(0, len(names), TOPICS_PER_LOOK):
                 part = names[i:i + TOPICS_PER_LOOK]
                 known = self._known(admin, {t: topics[t] for t in part})
+                made = self._create_missing(admin, {t: topics[t] for t in part
+                                                    if t not in known})
                 for topic in part:
                     self._report(self._guarded("topic", topic, self._topic, admin, topic,
-                                               *topics[topic], known.get(topic)))
+                                               *topics[topic], known.get(topic), made))
             by_group: dict = {}
             for (group, topic, partition), entry in positions.items():
                 by_group.setdefault(group, {})[(topic, partition)] = entry
@@ -176,15 +182,37 @@ class MetadataSync(Looker):
         return {t: (counts[d][0], current.get(d, {})) for t, d in dests.items()
                 if counts[d][0]}
 
-    def _topic(self, admin, topic: str, incarnation: bytes, partitions: int,
-               configs: dict, known: tuple | None = None) -> Report:
-        """Make the destination topic of `topic` follow it; `known`: (its partition count,
-        its configs) when `_known` found it, else it is asked here."""
+    def _target(self, dest: str, configs: dict) -> tuple[dict, list]:
+        """target_configs of a destination topic, given its source topic's `configs`."""
         r = self.r
+        return target_configs(configs, pins(r.topic_configs, dest), r.sync_topic_configs_allow,
+                              r.sync_topic_configs_deny, r.sync_topic_configs)
+
+    def _create_missing(self, admin, topics: dict) -> set:
+        """The destination topics of `topics` (source topic -> (incarnation, partition count,
+        configs), those `_known` did not find) created now, all in one CreateTopics request,
+        each with what `_topic` would create it with; one refused, or there already (a writer
+        made it meanwhile), is left to `_topic`, which says why."""
+        wanted = {}
+        for topic, (_, partitions, configs) in sorted(topics.items()):
+            dest = self.destination(topic)
+            wanted.setdefault(dest, (max(1, partitions if partitions <= MAX_PARTITIONS else 0),
+                                     self._target(dest, configs)[0]))
+        if not wanted:
+            return set()
+        try:
+            made = create_topics(admin, wanted, CREATE_TIMEOUT)
+        except KafkaException:
+            return set()
+        return {dest for dest, created in made.items() if created is True}
+
+    def _topic(self, admin, topic: str, incarnation: bytes, partitions: int,
+               configs: dict, known: tuple | None = None, made: set | None = None) -> Report:
+        """Make the destination topic of `topic` follow it; `known`: (its partition count,
+        its configs) when `_known` found it, else it is asked here; `made`: the destination
+        topics `_create_missing` created (each reported created once, here)."""
         dest = self.destination(topic)
-        target, refused = target_configs(configs, pins(r.topic_configs, dest),
-                                         r.sync_topic_configs_allow, r.sync_topic_configs_deny,
-                                         r.sync_topic_configs)
+        target, refused = self._target(dest, configs)
         done, said = [], []
         for reason, name, value in refused:
             if self._said.get((dest, name)) != (reason, value):
@@ -197,6 +225,11 @@ class MetadataSync(Looker):
             said.append(("rejected", f"{dest}: {partitions} partitions: more than "
                                      f"{MAX_PARTITIONS}, not followed"))
             partitions = 0
+        if made and dest in made:
+            made.discard(dest)  # (another source topic of the same destination: not created)
+            done.append(("created", f"{dest} with {max(1, partitions)} partition(s)"
+                                    f"{' and ' + _listed(target) if target else ''}"))
+            return Report("topic", topic, done, said, time.time())
         count = known[0] if known else describe(admin, dest)[0]
         if not count:
             if self._create(admin, dest, max(1, partitions), target):

@@ -15,6 +15,16 @@ was busy are answered together (up to TOPICS_PER_LOOK): their metadata in one re
 topics, never the whole cluster's), the missing ones created in one CreateTopics request, so a
 writer whose first records name 2 000 topics waits for a few requests, not for 2 000 of each. A
 topic the cluster refuses is answered with its error; the others of its batch are not held up.
+A topic's first answer waits until its leaders take records: Apache Kafka names a new
+partition's leader in its metadata before the leader has made the partition's log (seconds to
+minutes for 1 000 partitions of a loaded broker), and a producer's records sent meanwhile are
+refused ("Not leader for partition") and retried, each refusal holding one of the 5 requests an
+idempotent producer keeps in flight to the broker, so the partitions that were ready waited
+behind those that were not (issue 36: 1 000 partitions created by the writer copied at 0.28 of
+the relay, 0.60 created ahead). The topics waiting so (created, or first asked about) are
+looked at together every SETTLE_POLL, one ListOffsets of all their partitions, while the
+questions asked meanwhile are answered; each is answered as soon as every partition of it
+answers, or after READY_SECONDS all the same (the producer then retries as it would have).
 The loop asks again only once it has the answer, so the questions outstanding are at most one
 per topic. What the destination holds of the source topics a restarted writer met in a turn is
 asked in one question and read together (diode.kafka.recovery.holdings: one consumer, one wait
@@ -25,10 +35,12 @@ destination topic the cluster refuses is answered with its error, the others are
 import logging
 import queue
 import threading
+import time
+from concurrent.futures import wait
 from typing import NamedTuple
 
-from confluent_kafka import KafkaError, KafkaException, TopicCollection
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from diode.errors import DiodeError
 from diode.kafka import recovery
@@ -40,10 +52,14 @@ log = logging.getLogger("diode.kafka.preparer")
 METADATA_TIMEOUT = 5.0   # s: one topic's metadata
 CREATE_TIMEOUT = 15.0    # s: a topic's creation (the cluster's operation timeout)
 SETTLE_SECONDS = 5.0     # s: a topic just created may show an error in metadata this long
-SETTLE_POLL = 0.2
+READY_SECONDS = 15.0     # s: a topic's first answer waits this long at most for its leaders to
+#                          take records (ListOffsets answered for every partition)
+SETTLE_POLL = 0.2        # s: the topics waiting for either are looked at this often
 RECOVERY_TIMEOUT = 5.0   # s: reading what the destination holds (diode.kafka.recovery)
 ANSWERS = 64             # answers waiting for the loop; past it the thread waits
 TOPICS_PER_LOOK = 1000   # topics asked about together (one metadata request, one create)
+OFFSETS_PER_REQUEST = 1000  # partitions in one ListOffsets at most (one of 10 000 crashed
+#                            a process inside librdkafka: scripts/benchlib/meter.py)
 HOLDINGS_PER_READ = 1000  # source partitions whose holdings are read together (one consumer):
 #                           Tansu left most of 5 000 assigned at once unanswered for 30 s
 
@@ -53,6 +69,16 @@ class TopicAnswer(NamedTuple):
     partitions: int            # its partition count; 0 when not known (error says why)
     created: bool              # created by this question
     error: KafkaError | None   # why it could not be described or created
+
+
+class Settling(NamedTuple):
+    """A topic whose answer waits: for its metadata (count 0: just created), then for every
+    partition's leader to take records."""
+    since: float               # when it started waiting (time.monotonic())
+    count: int                 # its partition count; 0 until its metadata shows it
+    created: bool              # created by its question
+    error: KafkaError | None   # the last error its metadata gave
+    waiting: tuple = ()        # its partitions not yet seen taking records (ListOffsets)
 
 
 class HoldingsAnswer(NamedTuple):
@@ -71,6 +97,7 @@ class Preparer:
         self.configs = configs  # destination topic -> the configs to create it with
         self.grown = grown      # called with a topic asked about again, once answered
         self._counts: dict = {}  # topic -> the count last answered
+        self._settling: dict = {}  # topic -> Settling: asked, its answer waiting (the thread's)
         self.questions: queue.Queue = queue.Queue()  # (at most one per topic: see the module)
         self.answers: queue.Queue = queue.Queue(maxsize=ANSWERS)
         self._stop = threading.Event()
@@ -112,14 +139,19 @@ class Preparer:
         # auto.create.topics.enable would make it with its default partition count)
         admin = AdminClient({**admin_config(self.settings), "allow.auto.create.topics": False})
         while not self._stop.is_set():
-            questions = [self.questions.get()]
-            while questions[-1] is not None and len(questions) < TOPICS_PER_LOOK:
+            try:  # (while topics settle, they are looked at again every SETTLE_POLL)
+                questions = [self.questions.get(timeout=SETTLE_POLL if self._settling
+                                                else None)]
+            except queue.Empty:
+                questions = []
+            while questions and questions[-1] is not None and \
+                    len(questions) < TOPICS_PER_LOOK:
                 try:  # (what was asked meanwhile, answered together)
                     questions.append(self.questions.get_nowait())
                 except queue.Empty:
                     break
             topics = [q[1:] for q in questions if q is not None and q[0] == "topic"]
-            for answer in self._topic_answers(admin, topics) if topics else ():
+            for answer in self._topic_answers(admin, topics):
                 hand(self.answers, answer, self._stop)
             holdings = [q[1:] for q in questions if q is not None and q[0] == "holdings"]
             if holdings:  # (the questions asked meanwhile, read together)
@@ -128,19 +160,22 @@ class Preparer:
                     ((m, since) for _, m, since in holdings if m), (None, None))
                 for answer in self._holdings_answers(asked, missing_topic, since_ms):
                     hand(self.answers, answer, self._stop)
-            if questions[-1] is None:
+            if questions and questions[-1] is None:
                 return
 
     def _topic_answers(self, admin, questions: list) -> list:
-        """The TopicAnswers to `questions` ((topic, partitions, config) each), their counts
-        remembered; a failure (a bug) answered all the same: the loop must not wait."""
+        """The TopicAnswers to `questions` ((topic, partitions, config) each) that can be
+        given now, and to the topics settling that are ready (or given up); their counts
+        remembered. A failure (a bug) answered all the same: the loop must not wait."""
         try:
-            answers = self._prepare_topics(admin, questions)
+            answers = self._prepare_topics(admin, questions) if questions else []
+            answers += self._settle(admin)
         except Exception as exc:
-            log.exception("asking the destination about %s failed",
-                          ", ".join(q[0] for q in questions))
+            asked = [*(q[0] for q in questions), *self._settling]
+            log.exception("asking the destination about %s failed", ", ".join(asked))
+            self._settling.clear()
             error = KafkaError(KafkaError._FAIL, repr(exc))
-            return [TopicAnswer(q[0], 0, False, error) for q in questions]
+            return [TopicAnswer(topic, 0, False, error) for topic in asked]
         for answer in answers:
             if answer.partitions:
                 if answer.topic in self._counts:  # (asked again: its count may be new)
@@ -192,52 +227,85 @@ class Preparer:
         return answers
 
     def _prepare_topics(self, admin, questions: list) -> list:
-        """A TopicAnswer to each question (topic, partitions, config), in their order: their
-        counts from one metadata request; those with fewer partitions than asked raised; those
-        missing created together, then described until they show (SETTLE_SECONDS)."""
+        """The TopicAnswers to questions (topic, partitions, config) that can be given now:
+        their counts from one metadata request; those with fewer partitions than asked raised;
+        those the cluster refuses or does not answer for told so. Those missing are created
+        together and settle (`_settle`), as does a topic asked about for the first time."""
         wanted = {topic: (partitions, config) for topic, partitions, config in questions}
-        answers: dict = {}
+        answers: list = []
         try:
             counts = described(admin, list(wanted))
         except KafkaException as exc:  # (the cluster does not answer: every one told so)
             counts = {topic: (0, exc.args[0]) for topic in wanted}
         missing = {}
+        now = time.monotonic()
         for topic, (partitions, config) in wanted.items():
             count, error = counts[topic]
-            if count >= partitions:
-                answers[topic] = TopicAnswer(topic, count, False, None)
+            if count >= partitions and topic not in self._counts:
+                self._settling[topic] = Settling(now, count, False, None,
+                                                 tuple(range(count)))
+            elif count >= partitions:
+                answers.append(TopicAnswer(topic, count, False, None))
             elif count:
-                answers[topic] = TopicAnswer(topic, self._grow(admin, topic, count, partitions),
-                                             False, None)
+                answers.append(TopicAnswer(topic, self._grow(admin, topic, count, partitions),
+                                           False, None))
             elif error is not None and error.code() < 0:  # (librdkafka's own: no answer)
-                answers[topic] = TopicAnswer(topic, 0, False, error)
+                answers.append(TopicAnswer(topic, 0, False, error))
             else:
                 missing[topic] = (partitions, {**self.configs(topic), **(config or {})})
         made = create_topics(admin, missing, CREATE_TIMEOUT) if missing else {}
+        now = time.monotonic()
         for topic, created in made.items():
             if isinstance(created, KafkaError):
-                answers[topic] = TopicAnswer(topic, 0, False, created)
-        waiting = {topic for topic, created in made.items()
-                   if not isinstance(created, KafkaError)}
-        waited = 0.0
-        while waiting:
+                answers.append(TopicAnswer(topic, 0, False, created))
+            else:  # (created, or by someone else meanwhile: not in metadata yet, maybe)
+                self._settling[topic] = Settling(now, 0, created, None)
+        return answers
+
+    def _settle(self, admin) -> list:
+        """The TopicAnswers of the topics settling that are ready: in metadata (else answered
+        with its error after SETTLE_SECONDS), and every partition answering ListOffsets (its
+        leader has made its log: it takes records), or READY_SECONDS after they were asked
+        about all the same. One metadata request and one ListOffsets for all of them (of the
+        partitions not seen taking records yet)."""
+        settling, answers = self._settling, []
+        if not settling:
+            return answers
+        unknown = sorted(t for t, s in settling.items() if not s.count)
+        if unknown:
             try:
-                counts = described(admin, sorted(waiting))
+                counts = described(admin, unknown)
             except KafkaException as exc:
-                counts = {topic: (0, exc.args[0]) for topic in waiting}
-            for topic in list(waiting):
+                counts = {topic: (0, exc.args[0]) for topic in unknown}
+            now = time.monotonic()
+            for topic in unknown:
                 count, error = counts[topic]
+                s = settling[topic]
                 if count:
-                    answers[topic] = TopicAnswer(topic, count, made[topic], None)
-                    waiting.discard(topic)
-                elif waited >= SETTLE_SECONDS or self._stop.is_set():
-                    answers[topic] = TopicAnswer(topic, 0, False, error or KafkaError(
-                        KafkaError.UNKNOWN_TOPIC_OR_PART))
-                    waiting.discard(topic)
-            if waiting:
-                self._stop.wait(SETTLE_POLL)  # (a topic just made: not in metadata yet)
-                waited += SETTLE_POLL
-        return [answers[topic] for topic, _, _ in questions]
+                    settling[topic] = s._replace(count=count, waiting=tuple(range(count)))
+                elif now - s.since >= SETTLE_SECONDS or self._stop.is_set():
+                    del settling[topic]
+                    answers.append(TopicAnswer(topic, 0, False, unshown(topic, error or s.error)))
+                else:
+                    settling[topic] = s._replace(error=error)
+        known = {t: s.waiting for t, s in settling.items() if s.count}
+        if not known:
+            return answers
+        waiting = unhosted(admin, known)
+        now = time.monotonic()
+        for topic in known:
+            s = settling[topic]
+            if topic in waiting and now - s.since < READY_SECONDS and not self._stop.is_set():
+                settling[topic] = s._replace(waiting=tuple(waiting[topic][0]))
+                continue
+            if topic in waiting:
+                log.warning("destination topic %s: partition(s) %s not taking records after "
+                            "%.0f s (%s); writing to it all the same", topic,
+                            ", ".join(map(str, sorted(waiting[topic][0]))), READY_SECONDS,
+                            waiting[topic][1])
+            del settling[topic]
+            answers.append(TopicAnswer(topic, s.count, s.created, None))
+        return answers
 
     def _grow(self, admin, topic: str, count: int, partitions: int) -> int:
         """Raise `topic`'s partition count from `count` to `partitions`; the count it has
@@ -269,6 +337,50 @@ def described(admin, topics: list) -> dict:
         except TimeoutError:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "describing topics: "
                                             "no answer")) from None
+    return out
+
+
+def unshown(topic: str, error: KafkaError | None) -> KafkaError:
+    """Why a topic the cluster created (or said it had already) is not answered: the error its
+    metadata gives, unless that only says it does not know the topic, which a loaded Apache
+    Kafka broker says for seconds to minutes after a creation (its metadata published late):
+    then LEADER_NOT_AVAILABLE, which a writer waits out like an outage, never gives up (its
+    records went to the dead-letter topic once the topic had been unknown for
+    TOPIC_GIVE_UP_SECONDS: 6 250 of 50 000 records over 1 000 partitions of a loaded bench)."""
+    if error is not None and error.code() not in (KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                                  KafkaError._UNKNOWN_TOPIC):
+        return error
+    return KafkaError(KafkaError.LEADER_NOT_AVAILABLE, f"{topic} was created, and is not in "
+                      f"the destination's metadata {SETTLE_SECONDS:.0f} s later")
+
+
+def unhosted(admin, partitions: dict) -> dict:
+    """topic -> ([those of its `partitions` whose leader does not answer ListOffsets], why),
+    of `partitions` ({topic: partition numbers}): a partition answered has its log made by its
+    leader, and takes records. Asked in requests of OFFSETS_PER_REQUEST partitions, sent together and
+    then waited for; a request the cluster does not take counts its partitions unanswered."""
+    pairs = [TopicPartition(topic, p) for topic, numbers in partitions.items()
+             for p in numbers]
+    futures: dict = {}
+    out: dict = {}
+    for i in range(0, len(pairs), OFFSETS_PER_REQUEST):
+        batch = pairs[i:i + OFFSETS_PER_REQUEST]
+        try:
+            futures.update(admin.list_offsets({tp: OffsetSpec.latest() for tp in batch},
+                                              request_timeout=METADATA_TIMEOUT))
+        except KafkaException as exc:
+            for tp in batch:
+                out.setdefault(tp.topic, ([], exc.args[0].str()))[0].append(tp.partition)
+    wait(futures.values(), timeout=METADATA_TIMEOUT + 5)
+    for tp, future in futures.items():
+        why = "no answer"
+        if future.done():
+            try:
+                future.result(0)
+                continue
+            except KafkaException as exc:
+                why = exc.args[0].str()
+        out.setdefault(tp.topic, ([], why))[0].append(tp.partition)
     return out
 
 

@@ -4,13 +4,16 @@ CreateTopics request, each answered with its partition count; one the destinatio
 answered with its error and the others of its batch are created all the same."""
 
 import time
+from types import SimpleNamespace
 from typing import ClassVar
 
-from confluent_kafka import KafkaError
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from diode.kafka import preparer
+from diode.kafka import metasync, preparer
+from diode.kafka.metasync import MetadataSync
 from diode.kafka.preparer import Preparer, TopicAnswer
+from diode.kafka.refresh import topic_configs
 from tests.conftest import create_topic, only_on, topics
 
 
@@ -28,35 +31,62 @@ class CountingAdmin(AdminClient):
         return super().describe_topics(collection, **kwargs)
 
 
-def answers_to(kafka: dict, asked: dict, monkeypatch) -> dict:
+def answers_to(kafka: dict, asked: dict, monkeypatch, hosted=None) -> dict:
     """topic -> its TopicAnswer, every one of `asked` ({topic: (partitions, config)}) asked
     before the Preparer's thread starts, as a writer asks when the first records of many
-    topics come together."""
+    topics come together; with `hosted` (a dict), topic -> whether the destination took
+    records for each of its partitions (answered ListOffsets) when its answer was taken."""
     CountingAdmin.creates, CountingAdmin.describes = [], []
     monkeypatch.setattr(preparer, "AdminClient", CountingAdmin)
+    # (a loaded machine's broker may take longer than READY_SECONDS to make 180 partitions)
+    monkeypatch.setattr(preparer, "READY_SECONDS", 150.0)
     p = Preparer(kafka)
     for topic, (partitions, config) in asked.items():
         p.topic(topic, partitions, config)
     p.start()
     answers: dict = {}
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     try:
         while len(answers) < len(asked) and time.monotonic() < deadline:
-            answers.update((a.topic, a) for a in p.take() if isinstance(a, TopicAnswer))
+            taken = [a for a in p.take() if isinstance(a, TopicAnswer)]
+            answers.update((a.topic, a) for a in taken)
+            if hosted is not None and taken:
+                hosted.update(taking(kafka, {a.topic: a.partitions for a in taken
+                                             if a.partitions}))
             time.sleep(0.05)
     finally:
         p.close()
     return answers
 
 
+def taking(kafka: dict, counts: dict) -> dict:
+    """topic -> whether every partition of it answers ListOffsets now (its leader has made its
+    log: a producer's records to it are taken, not refused and retried)."""
+    admin = AdminClient(kafka)
+    futures = admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest()
+                                  for t, n in counts.items() for p in range(n)},
+                                 request_timeout=10)
+    out = dict.fromkeys(counts, True)
+    for tp, future in futures.items():
+        try:
+            future.result(15)
+        except KafkaException:
+            out[tp.topic] = False
+    return out
+
+
 def test_topics_asked_together_are_created_in_one_request_and_each_answered(
         start_brokers, broker_kind, monkeypatch):
+    """... and each answered once its leaders take records: Apache Kafka names a new
+    partition's leader before the leader has made its log, and refuses records meanwhile."""
     dst, = start_brokers(broker_kind, "destination")
     create_topic(dst.bootstrap, "there.already", 3)
     asked = {f"dest.{i:03d}": (3, None) for i in range(60)}
     asked["there.already"] = (3, None)
-    answers = answers_to(dst.client_config(), asked, monkeypatch)
+    hosted: dict = {}
+    answers = answers_to(dst.client_config(), asked, monkeypatch, hosted)
     assert set(answers) == set(asked)
+    assert [t for t, ok in hosted.items() if not ok] == []
     assert all(a.partitions == 3 and a.error is None for a in answers.values())
     assert [t for t, a in answers.items() if not a.created] == ["there.already"]
     # one CreateTopics of the 60 missing, after one metadata request of all 61
@@ -83,3 +113,44 @@ def test_a_topic_refused_in_a_batch_is_answered_with_its_error_and_the_others_cr
     assert all(a.partitions == 2 and a.created and a.error is None for a in good.values())
     held = topics(dst.bootstrap)
     assert all(held.get(t) == 2 for t in good) and "dest.badconfig" not in held
+
+
+def test_the_topics_of_a_metadata_look_are_created_in_one_request_as_each_would_be(
+        start_brokers, monkeypatch):
+    """The receiver's MetadataSync creates the destination topics the sender's look names
+    (before their records come) in one CreateTopics request, each with its source's partition
+    count and configs, the operator's pins winning, its rename kept; each reported created."""
+    dst, = start_brokers("tansu", "destination")
+    create_topic(dst.bootstrap, "d.there", 2)
+    CountingAdmin.creates, CountingAdmin.describes = [], []
+    monkeypatch.setattr(metasync, "AdminClient", CountingAdmin)
+    r = SimpleNamespace(topic_configs={"*": {"retention.ms": "600000"},
+                                       "d.s01": {"max.message.bytes": "3000000"}},
+                        sync_topic_configs=True, sync_topic_configs_allow=[],
+                        sync_topic_configs_deny=[], sync_group_offsets=False,
+                        group_checkpoints_topic="")
+    names = {"s01": "d.s01", "there": "d.there", **{f"s{i:02d}": f"d.s{i:02d}"
+                                                     for i in range(2, 30)}}
+    sync = MetadataSync(dst.client_config(), r, names.__getitem__).start()
+    look = {topic: (b"id", 1 + i % 3, {"retention.ms": "86400000",
+                                        "max.message.bytes": "2000000"})
+            for i, topic in enumerate(sorted(names))}
+    reports: list = []
+    try:
+        sync.hand(look, {})
+        deadline = time.monotonic() + 60
+        while sync.busy and time.monotonic() < deadline:
+            reports += sync.take()
+            time.sleep(0.05)
+    finally:
+        sync.close()
+    created = {rep.name for rep in reports for reason, _ in rep.done if reason == "created"}
+    assert created == set(names) - {"there"}
+    assert CountingAdmin.creates == [sorted(set(names.values()) - {"d.there"})]
+    held = topics(dst.bootstrap)
+    assert all(held.get(names[t]) == n for t, (_, n, _) in look.items() if t != "there")
+    assert held["d.there"] == 2
+    made = topic_configs(AdminClient(dst.client_config()), ["d.s01", "d.s02"],
+                         ["retention.ms", "max.message.bytes"])
+    assert made["d.s01"] == {"retention.ms": "600000", "max.message.bytes": "3000000"}
+    assert made["d.s02"] == {"retention.ms": "600000", "max.message.bytes": "2000000"}

@@ -3,10 +3,14 @@ it is handed: records written in order with their provenance, a full queue waite
 loss, a topic given up sending its records to the dead-letter topic (or reporting them refused),
 a refused record named from the runs produced, and a checkpoint's flush told when it is done."""
 
-from confluent_kafka import KafkaError
+from concurrent.futures import Future
 
-from diode.kafka.preparer import TopicAnswer
-from diode.writer.destination import Destination
+from confluent_kafka import KafkaError, KafkaException
+
+from diode.kafka import preparer
+from diode.kafka.preparer import Preparer, TopicAnswer
+from diode.writer import destination as destination_module
+from diode.writer.destination import CLUSTER_UNAVAILABLE, TOPIC_GIVE_UP_SECONDS, Destination
 from tests.unit.writer_fakes import LOG, Message, FakeProducer, metrics, run, settings
 
 
@@ -183,3 +187,41 @@ def test_runs_of_a_topic_not_writable_yet_wait_apart_and_cost_nothing_until_it_i
         offsets = [o for q, o in written_t if q == p]
         assert offsets == sorted(offsets)
     assert not d.holds and d.backlog_records == 0
+
+
+class CreatedUnseen:
+    """An admin client of a cluster that creates a topic and then, loaded, does not show it
+    in its metadata (Apache Kafka publishes its metadata late under load)."""
+
+    @staticmethod
+    def _futures(topics, result=None, error=None) -> dict:
+        out = {}
+        for topic in topics:
+            out[topic] = Future()
+            if error is None:
+                out[topic].set_result(result)
+            else:
+                out[topic].set_exception(KafkaException(KafkaError(error)))
+        return out
+
+    def describe_topics(self, collection, **kwargs):
+        return self._futures(collection.topic_names, error=KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+    def create_topics(self, new_topics, **kwargs):
+        return self._futures([t.topic for t in new_topics])
+
+
+def test_a_topic_created_but_not_yet_in_the_metadata_is_waited_for_never_given_up(monkeypatch):
+    monkeypatch.setattr(preparer, "SETTLE_SECONDS", 0.0)
+    p = Preparer({})
+    answer, = p._topic_answers(CreatedUnseen(), [("dst_t", 4, None)])
+    assert answer.partitions == 0 and answer.error.code() in CLUSTER_UNAVAILABLE
+    d, refused, _, producers = destination()
+    d.add(run(0, 3))
+    d.produce_backlog()
+    d.topic_answered(answer)
+    monkeypatch.setattr(destination_module.time, "monotonic",
+                        lambda: 10 * TOPIC_GIVE_UP_SECONDS + 1)
+    d.topic_answered(answer)  # (asked again, and again unseen, long after)
+    d.produce_backlog()
+    assert d.backlog_records == 3 and refused == [] and len(producers) == 1  # no dead letter
