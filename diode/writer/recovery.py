@@ -31,6 +31,9 @@ from diode.writer.destination import FLUSH_STEP_SECONDS, MAX_PARTITIONS
 FLUSH_SECONDS = 2.0          # a checkpoint waits this long at most for acknowledgements (and
 #                              FLUSH_STEP_SECONDS a step)
 RECOVER_AGAIN_SECONDS = 5.0  # the destination could not be read: try again after this
+RECOVER_SOON_SECONDS = 0.5   # ... a topic whose partitions' leaders are still being made (a
+#                              topic just created, by this writer or the metadata sync): sooner
+SETTLING = ("not leader", "leader not available")  # (what the broker says of such a partition)
 WHOLE_FRACTION = 4           # a whole checkpoint once the changes would hold a quarter of the
 WHOLE_AT_LEAST = 64          # partitions (of this many at least)
 WHOLE_LOOK_SECONDS = 300.0   # every state compared with its checkpoint this often, not only
@@ -59,6 +62,7 @@ class Recovery:
         self.asked: set = set()           # source topics asked of, not yet answered
         self.to_ask: dict = {}            # source topic -> what to ask of it at ask_again
         self.recover_at: dict = {}        # source topic -> when to try reading it again
+        self.settling: set = set()        # source topics whose destination is not ready yet
         self.unrecovered: dict = {}       # source topic -> runs and claims waiting for that
         self.reported = None  # (topic, partition, incarnation) -> ranges reported before
         self.since_ms = None              # the oldest checkpoint's time
@@ -173,12 +177,23 @@ class Recovery:
         topic, wanted = answer.topic, answer.wanted
         self.asked.discard(topic)
         if answer.error is not None:
+            if any(words in answer.error.lower() for words in SETTLING):
+                # (a topic just created: its leaders come within seconds; no error, and said
+                # once a topic, not at every try)
+                self.recover_at[topic] = time.monotonic() + RECOVER_SOON_SECONDS
+                if topic not in self.settling:
+                    self.settling.add(topic)
+                    self.log.info("%s is not ready to be read yet (%s): its records wait; "
+                                  "trying again every %.1f s", self.name_of(topic),
+                                  answer.error, RECOVER_SOON_SECONDS)
+                return []
             self.recover_at[topic] = time.monotonic() + RECOVER_AGAIN_SECONDS
             self.metrics.inc("errors", reason="recovery")
             self.log.warning("cannot read what the destination holds of %s yet (%s): its "
                              "records wait; trying again in %.0f s", self.name_of(topic),
                              answer.error, RECOVER_AGAIN_SECONDS)
             return []
+        self.settling.discard(topic)
         if self.reported is None:  # (read with the first answer; {}: no missing-records topic)
             self.reported = answer.reported or {}
         written = answer.written

@@ -91,6 +91,30 @@ def test_a_destination_that_cannot_be_read_is_asked_again_later(tmp_path):
     assert len(asked) == 2
 
 
+def test_a_destination_topic_whose_leaders_are_being_made_is_read_again_soon(tmp_path):
+    """A topic just created (by the metadata sync, ahead of its records): its partitions'
+    leaders refuse ListOffsets for a moment. It is asked of again within a second, not after
+    RECOVER_AGAIN_SECONDS, and counted as no error; a destination that cannot be read still
+    waits the whole time."""
+    rec, _, asked = recovery(tmp_path)
+    rec.recover("t", 0, NO_INCARNATION)
+    rec.unrecovered["t"].append(run(0, 1))
+    rec.ask_again()
+    before = time.monotonic()
+    for _ in range(3):  # (said once, however many tries it takes)
+        assert rec.recovered_by(HoldingsAnswer(
+            "t", frozenset(), {}, None, "destination cluster: topic dst_t: Broker: Not leader "
+            "for partition"), 0.0) == []
+    assert rec.recover_at["t"] - before < 1.0 and rec.metrics.get("errors", reason="recovery") \
+        == 0 and rec.settling == {"t"}
+    time.sleep(rec.recover_at["t"] - time.monotonic() + 0.01)
+    rec.ask_again()
+    assert len(asked) == 2
+    rec.recovered_by(HoldingsAnswer("t", frozenset(), {}, None, "Broker: Request timed out"), 0.0)
+    assert rec.recover_at["t"] - time.monotonic() > 4.0 and \
+        rec.metrics.get("errors", reason="recovery") == 1
+
+
 def test_the_topics_met_in_a_turn_are_asked_of_in_one_question(tmp_path):
     rec, _, asked = recovery(tmp_path)
     topics = [f"t{i}" for i in range(200)]
