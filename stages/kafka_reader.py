@@ -113,6 +113,8 @@ class Stage(BaseStage):
         self.claims = ClaimSlices(s.heartbeat_claims_max)
         self.remember_due = True  # what a restart needs to know changed (_memorize)
         self.read_since: set = set()      # partitions read since their fetched ends were taken
+        self.held_back = False            # since the watcher last had the fetches' watermarks
+        self.read_topics: set = set()     # topics read since the watcher was last told
         self.position_turn = 0            # where the next commit's slice of positions starts
         self.waiting: dict = {}           # partitions the watcher's last look could not hand
         #                                   over (the source did not answer for them) -> why
@@ -159,7 +161,7 @@ class Stage(BaseStage):
         self.watcher = PartitionWatcher(
             consumer_config(self.t), self.selector.owned, s.refresh_topics_interval_seconds,
             s.identity_check_interval_ms / 1000, remembered,
-            s.source_state_interval_ms / 1000).start()
+            s.source_state_interval_ms / 1000, marked=True).start()
         if self.selector.index == 0:
             self.metadata = MetadataWatcher(
                 consumer_config(self.t), self.selector.matches, s.metadata_topic_configs,
@@ -172,6 +174,12 @@ class Stage(BaseStage):
     def _refresh(self):
         """Start reading the partitions the watcher found (it asks the cluster off this loop,
         every refresh.topics.interval.seconds)."""
+        if self.read_topics:  # (their ids are checked at the next look)
+            self.watcher.read(self.read_topics)
+            self.read_topics = set()
+        if self.watcher.wants_marks():
+            self.watcher.give_marks(None if self.held_back else self._marks())
+            self.held_back = False
         start = OFFSET_BEGINNING if self.t.sender.start_position == "earliest" else OFFSET_END
         tps, looked = [], False
         for found in self.watcher.take():
@@ -190,7 +198,7 @@ class Stage(BaseStage):
                 self._gone(topic)
             for topic, (old, new) in found.resets.items():
                 self._recreated(topic, old, new)
-            self.lineage.confirmed(found.incarnations, found.ends, found.started)
+            self.lineage.confirmed(found.incarnations, found.ends, found.started, found.whole)
             if self.lineage.wants_fetched():
                 self.lineage.fetched_now(self._fetched_ends())
             if found.starts or found.settings:
@@ -339,6 +347,22 @@ class Stage(BaseStage):
                 highs[tp] = high
         return highs
 
+    def _marks(self) -> dict:
+        """(topic, partition) -> (log start, end) of each partition read, as this reader's own
+        fetches last saw them (no request is made: every fetch response carries them, and an
+        idle consumer fetches every partition every fetch.wait.max.ms); a partition not
+        fetched yet is left out. The watcher lists only the partitions whose watermarks moved
+        (diode.kafka.refresh)."""
+        marks = {}
+        for tp in self.assigned:
+            try:
+                lo, hi = self.consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
+            except KafkaException:
+                continue
+            if lo >= 0 and hi >= 0:
+                marks[tp] = (lo, hi)
+        return marks
+
     def _commit_start(self, tps: list) -> None:
         """Commit the start of a recreated topic's partitions at once: what the group held for
         them may be the old incarnation's positions (committed by name while it was being
@@ -446,6 +470,7 @@ class Stage(BaseStage):
         self._check_stalled(now)
         if self.out.flush() and self.tracker.inflight < self.t.sender.max_inflight_records:
             return self.POLL_MS
+        self.held_back = True  # (its consumer stops fetching what waits: watermarks lag)
         self.acks.poll(ACK_WAIT_MS)
         return None
 
@@ -505,6 +530,7 @@ class Stage(BaseStage):
         prev = self.last_read.get(tp, -1)
         self.last_read[tp] = last
         self.read_since.add(tp)
+        self.read_topics.add(tp[0])
         self.remember_due = True
         self.chain_start.setdefault(tp, first)
         return prev
