@@ -106,13 +106,16 @@ class Lineage:
         while len(self.retired) > MAX_RETIRED_CLAIMS:
             del self.retired[next(iter(self.retired))]
 
-    def confirmed(self, incarnations: dict, ends: dict, started: float) -> None:
+    def confirmed(self, incarnations: dict, ends: dict, started: float,
+                  whole: bool = True) -> None:
         """A look of the watcher that began at `started` found these topics as `incarnations`
         (none recreated), with these `ends` (or none). Their departed partitions are simply read
         again.
         The ends kept are the larger of the listed end and what this reader's fetches saw
         before the look began (so, of the same incarnation): some brokers list the end short
-        (Tansu: the start of the last batch + 1), a fetch's high watermark is not."""
+        (Tansu: the start of the last batch + 1), a fetch's high watermark is not. A look
+        that was not `whole` (it checked the ids of some topics) leaves what the fetches saw of
+        the others for a later look."""
         if any(self.incarnations.get(t) != inc for t, inc in incarnations.items()):
             self.changed = True
         self.incarnations.update(incarnations)
@@ -121,9 +124,11 @@ class Lineage:
             self.changed = True
         self._end_at_least(ends)
         if self.fetched is not None and started > self.fetched[0]:
-            self._end_at_least({tp: end for tp, end in self.fetched[1].items()
-                                if tp[0] in incarnations})
-            self.fetched = None
+            when, fetched = self.fetched
+            self._end_at_least({tp: end for tp, end in fetched.items() if tp[0] in incarnations})
+            left = {} if whole else {tp: end for tp, end in fetched.items()
+                                     if tp[0] not in incarnations}
+            self.fetched = (when, left) if left else None
 
     def _end_at_least(self, ends: dict) -> None:
         for tp, end in ends.items():

@@ -6,7 +6,8 @@ with clients of its own (a slow source cluster never holds up its loop), at:
 - each replicated topic's incarnation (its topic id), partition count and the configs of
   sender.metadata.topic.configs, as the source's broker describes them (a value it takes from
   its defaults included: Apache Kafka lists every config, Tansu only those a topic was created
-  or altered with);
+  or altered with); the configs of a new or recreated topic at once, the others' in turn, each
+  topic's at least every CONFIG_TURN_LOOKS looks;
 - the committed offsets, on the replicated topics, of the consumer groups whose id matches
   sender.groups (diode.kafka.groups).
 
@@ -25,12 +26,13 @@ from confluent_kafka.admin import AdminClient
 
 from diode.kafka import groups
 from diode.kafka.clients import admin_config
-from diode.kafka.refresh import REQUEST_TIMEOUT, RETRY_SECONDS, Looker, Unready, hand, \
+from diode.kafka.refresh import REQUEST_TIMEOUT, RETRY_SECONDS, Looker, Turns, Unready, hand, \
     topic_configs, topic_ids
 
 log = logging.getLogger("diode.kafka.metadata")
 
 MAX_TOPICS = 10_000   # topics described per look (more: the first ones, by name, and a warning)
+CONFIG_TURN_LOOKS = 6  # every topic's configs are described at least every this many looks
 
 
 class Look(NamedTuple):
@@ -51,6 +53,8 @@ class MetadataWatcher(Looker):
                  patterns: list, interval: float):
         self.config, self.matches, self.configs = config, matches, list(configs)
         self.patterns, self.interval = patterns, interval
+        self.described: dict = {}  # topic -> (incarnation, its configs as last described)
+        self.turns = Turns(CONFIG_TURN_LOOKS)
         super().__init__(2)
 
     def _run(self) -> None:
@@ -75,7 +79,7 @@ class MetadataWatcher(Looker):
             # next one has it, and the receiver keeps what a look does not name)
             unready = Unready()
             ids = topic_ids(admin, sorted(counts), unready)
-            configs = topic_configs(admin, sorted(ids), self.configs, unready)
+            configs = self._configs(admin, ids, unready)
             topics = {t: (ids[t], counts[t], configs.get(t, {})) for t in sorted(ids)
                       if t in configs or not self.configs}
             offsets = groups.read_group_offsets(admin, self.patterns, topics.__contains__,
@@ -86,6 +90,23 @@ class MetadataWatcher(Looker):
         positions = {(g, t, p): offset for g, at in offsets.items() if g != own
                      for (t, p), offset in at.items() if t in topics}
         return Look(md.cluster_id or "", topics, positions, None, now_ms)
+
+
+    def _configs(self, admin, ids: dict, unready: Unready) -> dict:
+        """topic -> its configs of `self.configs`: described for a turn of the topics (each
+        within CONFIG_TURN_LOOKS looks) and for those new or recreated since last described
+        (a topic's whole config list crosses, 33 entries on Apache Kafka, whichever are
+        asked: at 200 topics every look cost more than the rest of it); the others' as last
+        described."""
+        if not self.configs:
+            return {}
+        asked = self.turns.next(ids) | {t for t, inc in ids.items()
+                                        if self.described.get(t, (None,))[0] != inc}
+        described = topic_configs(admin, sorted(asked), self.configs, unready)
+        self.described = {t: (inc, described[t]) if t in described else self.described[t]
+                          for t, inc in ids.items() if t in described or (
+                              t in self.described and self.described[t][0] == inc)}
+        return {t: configs for t, (_, configs) in self.described.items()}
 
 
 class Sent:

@@ -13,9 +13,28 @@ It looks in three ways:
   and partitions, handed over with their committed offsets;
 - every `check` seconds (identity.check.interval.ms), the incarnation of each topic the reader
   reads (diode.kafka.identity: its topic id); with the listing, and when the loop wakes it,
-  each partition's end too;
+  each partition's end too (a marked watcher, below: between listings only the topics read
+  since they were last checked, and at a listing the ends of topics without an id);
 - every `state` seconds (source.state.interval.ms), the source's state: each partition's log
   start and end, each topic's retention settings, which the reader sends across the link.
+
+A kafka_reader's watcher is `marked`: its reader's consumer fetches every partition it reads
+every fetch.wait.max.ms even when nothing comes, and each fetch response carries the
+partition's log start and end (its watermarks), which the reader hands over, without a request,
+before each look at the state. That look lists (ListOffsets) the log start and end only of the
+partitions whose watermarks moved since they were last listed, that the reader does not fetch
+yet, or whose turn it is (every partition at least every STATE_TURN_LOOKS looks, should a fetch
+have stopped); the others' are as last listed. A reader held back since the last look (its
+consumer stops fetching what waits) hands none, and everything is listed. Its listings between
+ask the ends only of topics without an id (whose recreation only their ends tell); the ends of
+what it reads come from its fetches (diode.kafka.lineage). Each topic's settings are described
+at its first look at the state and then in turn (each within STATE_TURN_LOOKS looks). Its looks
+between listings check the ids only of the topics the reader read records of since they were
+last checked (`read`: a topic recreated and refilled is read, so checked at the next look) and
+of those with partitions not handed over; a listing checks them all. At 1 000 idle partitions
+of 200 topics that is about 170 partitions listed and 34 topics described every 10 s, and no
+id checked between listings, where 1 000 ends were listed every 5 s, 1 000 log starts and 200
+topics' configs every 10 s, and 200 ids every second.
 
 A look hands over what the cluster answered: a partition whose leader is not elected yet, or
 whose committed offset, end or topic id the cluster did not give this time (a broker making
@@ -52,6 +71,10 @@ from diode.link.wire import UNKNOWN
 COMMITTED_TIMEOUT = 10.0
 REQUEST_TIMEOUT = 10.0
 RETRY_SECONDS = 1.0
+STATE_TURN_LOOKS = 6  # a marked watcher lists every partition's log start and end, and
+#                       describes every topic's settings, at least every this many looks at
+#                       the source's state, moved or not
+MARKS_WAIT = 1.0       # how long a marked watcher waits for its reader's watermarks
 
 
 class Found(NamedTuple):
@@ -73,6 +96,7 @@ class Found(NamedTuple):
     settings: dict = {}  # topic -> (retention.ms, retention.bytes, cleanup.policy), the same
     waiting: dict = {}  # (topic, partition) not handed over (no id, no committed offset
     #                     answered) -> why: asked for again at the next look
+    whole: bool = True  # whether every topic's id was checked (else those of `incarnations`)
 
 
 class Unready:
@@ -112,6 +136,24 @@ class Identities:
         return resets, gone
 
 
+class Turns:
+    """A turn through a set of keys: each call names the next ceil(keys / looks) of them, in
+    sorted order, so that every key is named at least once in `looks` calls."""
+
+    def __init__(self, looks: int):
+        self.looks, self.at = looks, 0
+
+    def next(self, keys) -> set:
+        ordered = sorted(keys)
+        n = len(ordered)
+        if not n:
+            return set()
+        per = -(-n // self.looks)
+        turn = self.at % n
+        self.at = turn + per
+        return set(ordered[turn:turn + per]) | set(ordered[:max(0, turn + per - n)])
+
+
 class Looker:
     """A thread that asks a cluster for a worker's loop, with clients of its own, and hands
     what it found to the loop through a bounded queue (`found`): the loop never waits on the
@@ -148,10 +190,27 @@ class PartitionWatcher(Looker):
 
     def __init__(self, config: dict, owned: Callable[[dict], set], interval: float,
                  check: float | None = None, known: dict | None = None,
-                 state: float | None = None):
+                 state: float | None = None, marked: bool = False):
         self.config, self.owned, self.interval = config, owned, interval
         self.check = min(interval, check) if check else interval
         self.state = state  # seconds between looks at the source's state (None: never)
+        # marked: the reader hands its fetches' watermarks before each look at the source's
+        # state (wants_marks, give_marks), and only what moved is listed (see the module)
+        self.marked = marked
+        self._want_marks = threading.Event()
+        self._marks_given = threading.Event()
+        self._marks: dict | None = None
+        self._listed: dict = {}   # (topic, partition) -> its watermarks when last listed
+        self._starts: dict = {}   # (topic, partition) -> its log start as last listed
+        self._unnamed: set = set()  # topics whose broker gave no id at the last look
+        self._settings: dict = {}  # topic -> its settings as last described
+        self._read: dict = {}      # topics the reader read records of since they were checked
+        #                            -> when handed (a count): one handed again during a look
+        #                            that checked it is checked again at the next
+        self._read_count = 0
+        self._read_lock = threading.Lock()
+        self._pairs_turn = Turns(STATE_TURN_LOOKS)  # partitions listed in turn
+        self._topics_turn = Turns(STATE_TURN_LOOKS)  # topics whose settings are described
         super().__init__(4)
         self._wake = threading.Event()
         self._handed: set = set()  # pairs whose committed offsets went to the loop
@@ -164,6 +223,34 @@ class PartitionWatcher(Looker):
     def wake(self) -> None:
         """Look at the identities now (the loop saw a partition's offsets move back)."""
         self._wake.set()
+
+    def read(self, topics: set) -> None:
+        """(Marked) the reader read records of `topics`: their ids are checked at the next
+        look (the others' at each listing)."""
+        with self._read_lock:
+            self._read_count += 1
+            self._read.update(dict.fromkeys(topics, self._read_count))
+
+    def wants_marks(self) -> bool:
+        """(Marked) whether a look at the source's state waits for the reader's watermarks."""
+        return self._want_marks.is_set()
+
+    def give_marks(self, marks: dict | None) -> None:
+        """(Marked) the reader's fetches' watermarks: (topic, partition) -> (log start, end)
+        as its consumer last fetched them, of the partitions it fetches now; None when they
+        may be behind (the reader held back: its consumer stops fetching what waits)."""
+        self._marks = marks
+        self._want_marks.clear()
+        self._marks_given.set()
+
+    def _take_marks(self) -> dict | None:
+        """(Marked) ask the reader for its watermarks and wait MARKS_WAIT for them at most
+        (None: not given, everything is listed)."""
+        self._marks, self._marks_given = None, threading.Event()
+        self._want_marks.set()
+        self._marks_given.wait(MARKS_WAIT)
+        self._want_marks.clear()
+        return self._marks
 
     def close(self, timeout: float = COMMITTED_TIMEOUT + 5) -> None:
         self._wake.set()
@@ -178,7 +265,8 @@ class PartitionWatcher(Looker):
             while not self._stop.is_set():
                 listing = time.monotonic() >= next_listing
                 stating = self.state is not None and time.monotonic() >= next_state
-                found = self._look(client, admin, listing, woken, stating)
+                marks = self._take_marks() if stating and self.marked else None
+                found = self._look(client, admin, listing, woken, stating, marks)
                 if listing and found.error is None:
                     next_listing = time.monotonic() + self.interval
                 if stating and found.error is None:
@@ -192,41 +280,66 @@ class PartitionWatcher(Looker):
         finally:
             client.close()
 
-    def _look(self, client, admin, listing: bool, woken: bool, stating: bool = False) -> Found:
+    def _look(self, client, admin, listing: bool, woken: bool, stating: bool = False,
+              marks: dict | None = None) -> Found:
         """The topics (when `listing`), the incarnations, and the ends (when listing, woken or
         `stating`: the ends cost a request per partition leader, the ids one); with `stating`
-        the log starts and the topics' retention settings too. What the cluster did not answer
+        the log starts and the topics' retention settings too. A marked watcher lists the
+        ends and starts of fewer partitions (_listed_pairs). What the cluster did not answer
         for is left out (`Found.waiting`); the look fails only when nothing answered."""
         started = time.monotonic()
         unready = Unready()
+        chosen: dict = {}  # (the pairs _listed_pairs chose, once per look)
+
+        def listed(owned: set) -> set:
+            if "pairs" not in chosen:
+                chosen["pairs"] = self._listed_pairs(owned, listing, woken, stating, marks)
+            return chosen["pairs"] & owned
+        with self._read_lock:
+            read = dict(self._read)
+        # (a marked watcher's looks between listings check the ids of the topics read since,
+        # and of those with partitions not handed over yet: _checked)
+        checked = self._checked(set(read)) if self.marked and not (
+            listing or woken or stating) else None
         try:
             if listing or not self._counts:
                 self._list(admin)
-            owned, ends, ids = self._identify(admin, listing or woken or stating, unready)
-            if not listing and (set(ids) | set(unready.topics) != {t for t, _ in owned} or any(
+            owned, ends, ids, asked = self._identify(admin, listed, unready, checked)
+            if not listing and (set(ids) | set(unready.topics) != asked or any(
                     self._identities.known.get(t, inc) != inc for t, inc in ids.items()
                     if inc != NO_INCARNATION)):
                 # a topic went, or came back as another: its partitions may be others now
                 listing = True
                 self._list(admin)
                 unready = Unready()
-                owned, ends, ids = self._identify(admin, True, unready)
+                owned, ends, ids, asked = self._identify(admin, lambda owned: owned, unready)
             unnamed = {t for t, inc in ids.items() if inc == NO_INCARNATION}
+            self._unnamed = unnamed
             for t in unnamed:
                 ids[t] = self._fallback(client, t, owned, ends)
-            resets, gone = self._identities.update(ids, set(unready.topics) | self._troubled)
+            unasked = {t for t, _ in owned} - asked  # (neither gone nor come)
+            resets, gone = self._identities.update(
+                ids, set(unready.topics) | self._troubled | unasked)
             forget = set(resets) | set(gone)
             if forget:
                 self._handed = {tp for tp in self._handed if tp[0] not in forget}
+                self._listed = {tp: m for tp, m in self._listed.items() if tp[0] not in forget}
+                self._starts = {tp: s for tp, s in self._starts.items() if tp[0] not in forget}
+                self._settings = {t: s for t, s in self._settings.items() if t not in forget}
             unhanded = owned - self._handed
             new = sorted(tp for tp in unhanded if tp[0] in ids)
             committed = self._committed(client, new, unready)
             kept = {tp for tp in owned if tp[0] in ids and tp[0] not in resets}
-            starts = start_offsets(admin, kept, unready) if stating else {}
-            settings = topic_settings(admin, sorted({t for t, _ in kept}), unready) \
+            starts = self._state_starts(admin, kept, listed(kept), ends, marks, unready) \
+                if stating else {}
+            settings = self._state_settings(admin, {t for t, _ in kept}, unready) \
                 if stating else {}
         except KafkaException as exc:  # (a timeout too: tried again next time)
             return Found({}, [], str(exc))
+        with self._read_lock:
+            for t in asked & read.keys():
+                if self._read.get(t) == read[t]:
+                    del self._read[t]
         stale = []
         for tp in committed:
             said, _ = identity.from_metadata(tp.metadata)
@@ -243,7 +356,7 @@ class PartitionWatcher(Looker):
                        if tp[0] in unready.topics)
         return Found(dict(self._counts) if listing else {}, committed, None, self._cluster,
                      ids, confirmed, resets, gone, stale, unnamed, started, starts, settings,
-                     waiting)
+                     waiting, asked == {t for t, _ in owned})
 
     def _committed(self, client, new: list, unready: Unready) -> list:
         """The committed offsets of the `new` pairs that the cluster answered for (those it
@@ -276,12 +389,75 @@ class PartitionWatcher(Looker):
         # (a topic the listing names with an error, a leader not elected yet, is not gone)
         self._troubled = {name for name, t in md.topics.items() if t.error is not None}
 
-    def _identify(self, admin, with_ends: bool, unready: Unready) -> tuple:
-        """(owned pairs, their ends or {}, the incarnations of their topics), the ends asked
-        first; what the cluster did not answer for in `unready`."""
+    def _identify(self, admin, ends_of: Callable[[set], set], unready: Unready,
+                  checked: Callable[[set], set] | None = None) -> tuple:
+        """(owned pairs, the ends of those `ends_of(owned)` names, the incarnations of their
+        topics or of those `checked(owned)` names, the topics asked), the ends asked first;
+        what the cluster did not answer for in `unready`."""
         owned = self.owned(self._counts)
-        ends = end_offsets(admin, owned, unready) if with_ends else {}
-        return owned, ends, topic_ids(admin, sorted({t for t, _ in owned}), unready)
+        ends = end_offsets(admin, ends_of(owned), unready)
+        topics = {t for t, _ in owned}
+        asked = topics if checked is None else checked(owned) & topics
+        return owned, ends, topic_ids(admin, sorted(asked), unready), asked
+
+    def _checked(self, read: set) -> Callable[[set], set]:
+        """(Marked) which topics a look between listings checks the ids of: those the reader
+        read records of since they were last checked (a topic recreated and refilled is read,
+        and its records are labelled with the new incarnation from the next look on, as with
+        every topic checked), and those with partitions not handed over (handed over only with
+        their id). A topic recreated with nothing read is seen at the next listing, or at once
+        when the reader's position falls outside it (wake)."""
+        def checked(owned: set) -> set:
+            return read | {t for t, _ in owned - self._handed}
+        return checked
+
+    def _listed_pairs(self, owned: set, listing: bool, woken: bool, stating: bool,
+                      marks: dict | None) -> set:
+        """Of the `owned` pairs, those a look lists the end (and, `stating`, the log start)
+        of: all of them when listing, woken or stating, unless marked. A marked watcher lists
+        them all when woken, at its first look at the state and when the reader gave no
+        watermarks; else at a listing the ends of the topics without an id (a recreation of
+        one is told by its ends), and at a look at the state those of the partitions whose
+        watermarks moved since they were last listed (or that the reader does not fetch, or
+        never listed), and of a turn of the others: every partition is listed at least every
+        STATE_TURN_LOOKS looks at the state, moved or not."""
+        if not (listing or woken or stating):
+            return set()
+        if not self.marked or woken or (stating and (marks is None or not self._starts)):
+            return set(owned)
+        pairs = {tp for tp in owned if tp[0] in self._unnamed} if listing else set()
+        if not stating:
+            return pairs
+        listed = self._listed
+        pairs |= self._pairs_turn.next(owned)
+        pairs.update(tp for tp in owned if tp not in listed or marks.get(tp) != listed[tp])
+        return pairs
+
+    def _state_settings(self, admin, topics: set, unready: Unready) -> dict:
+        """The retention settings of `topics`; a marked watcher describes those of a turn of
+        them and of those it never described (a topic's 33 configs on Apache Kafka, whatever
+        is asked: the largest cost of an idle look), and gives the others' as last described."""
+        if not self.marked:
+            return topic_settings(admin, sorted(topics), unready)
+        asked = self._topics_turn.next(topics) | (topics - self._settings.keys())
+        self._settings.update(topic_settings(admin, sorted(asked), unready))
+        return {t: self._settings[t] for t in topics if t in self._settings}
+
+    def _state_starts(self, admin, kept: set, asked: set, ends: dict, marks: dict | None,
+                      unready: Unready) -> dict:
+        """The log starts of the `kept` pairs, listed for those `asked`; a marked watcher keeps
+        what it listed, gives the others' as last listed, and notes each listed pair's
+        watermarks (the reader's, as they were before the listing; none: listed again next)."""
+        starts = start_offsets(admin, asked, unready)
+        if not self.marked:
+            return starts
+        self._starts.update(starts)
+        for tp in asked:
+            if tp in starts and tp in ends and marks is not None and tp in marks:
+                self._listed[tp] = marks[tp]
+            else:
+                self._listed.pop(tp, None)
+        return {tp: self._starts[tp] for tp in kept if tp in self._starts}
 
     def _fallback(self, client, topic: str, owned: set, ends: dict) -> bytes:
         """The incarnation of a topic whose broker gives no id (diode.kafka.identity): the one

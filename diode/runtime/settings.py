@@ -292,7 +292,8 @@ class SenderSettings:
     source_state_interval_ms: float = setting(
         10000.0, "How often readers look at their source's state and send it across the link: "
         "each partition's log start and end, each topic's retention.ms, retention.bytes and "
-        "cleanup.policy. The receiver exports from it how far behind the source it is and how "
+        "cleanup.policy (a look asks the source for what their fetches saw move and a sixth of "
+        "the rest in turn: docs/reference.md, \"The source's state\"). The receiver exports from it how far behind the source it is and how "
         "much the source still holds (docs/reference.md, \"The source's state\").", positive)
     digest_records: int = setting(
         10000, "Readers send the digest of each source partition's records (BLAKE2b over each "
@@ -303,8 +304,10 @@ class SenderSettings:
         10000.0, "... and at least this often for a partition that has records not yet in a "
         "digest.", positive)
     identity_check_interval_ms: float = setting(
-        1000.0, "How often readers check each source topic's incarnation (its topic id) and "
-        "each partition's end. A topic recreated (or a cluster rebuilt) is seen within this "
+        1000.0, "How often readers check the incarnation (the topic id) of each source topic "
+        "they read records of since it was last checked (every topic's at each "
+        "refresh.topics.interval.seconds; each partition's end comes from their fetches). A "
+        "topic recreated (or a cluster rebuilt) is seen within this "
         "time and read again from its first record; records of the new topic read before are "
         "labelled with the old one (docs/reference.md, \"Source identity\").", positive)
     offset_commit_interval_ms: int = setting(1000, "How often readers commit the sent "
@@ -341,7 +344,8 @@ class SenderSettings:
     metadata_interval_ms: float = setting(
         60000.0, "Reader 0 sends the replicated topics' metadata (partition count, the configs "
         "of metadata.topic.configs) and the committed offsets of the groups of sender.groups "
-        "across the link when they change (it looks every refresh.topics.interval.seconds) and "
+        "across the link when they change (it looks every refresh.topics.interval.seconds, at "
+        "the configs of a sixth of the topics each time: docs/metadata.md) and "
         "all of it this often (docs/metadata.md, \"Metadata\").", positive)
     metadata_topic_configs: list = setting(
         list(METADATA_CONFIGS), "The source topic configs sent across, as the source says "

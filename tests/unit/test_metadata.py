@@ -4,7 +4,8 @@ tests/integration/test_metadata.py runs them against brokers)."""
 import pytest
 
 from diode.errors import RejectedDatagram
-from diode.kafka.metadata import Look, Sent
+from diode.kafka import metadata
+from diode.kafka.metadata import Look, MetadataWatcher, Sent
 from diode.kafka.metasync import pins, target_configs
 from diode.link import wire
 
@@ -109,3 +110,40 @@ def test_a_group_offset_past_what_arrived_waits_before_it_is_committed(monkeypat
     clock[0] += 2
     sync._group(None, "app", {("t", 1): (A, 120)})
     assert len(committed) == 2
+
+
+def test_a_look_describes_the_configs_of_new_topics_at_once_and_of_the_others_in_turn():
+    """Reader 0's metadata watcher described every topic's configs at every look (every 5 s;
+    Apache Kafka answers with a topic's 33 configs whichever are asked): at 200 topics the
+    largest cost of an idle sender's looks. Now a new or recreated topic's are described at
+    once, the others' in turn, each within CONFIG_TURN_LOOKS looks; the look names them all."""
+    from tests.unit.test_partial_looks import Listed, Said, Uuid, answered
+
+    class Cluster(Listed):
+        ids: dict = {}
+
+        def describe_topics(self, topics, request_timeout=None):
+            return {t: answered(Said(topic_id=Uuid(self.ids.get(t, 1))))
+                    for t in topics.topic_names}
+
+    cluster = Cluster({f"t{n}": 1 for n in range(12)})
+    w = MetadataWatcher({}, lambda t: True, ["retention.ms"], [], 5.0)
+    first = w.look(cluster)
+    assert cluster.settings_asked() == set(cluster.topics) and set(first.topics) == set(
+        cluster.topics)
+    # later looks: 12 / CONFIG_TURN_LOOKS topics each, every topic within the turn; a config
+    # changed on the source is seen
+    cluster.retention["t7"] = 5
+    asked, looks = [], []
+    for _ in range(metadata.CONFIG_TURN_LOOKS):
+        looks.append(w.look(cluster))
+        asked.append(cluster.settings_asked())
+    assert [len(a) for a in asked] == [2] * metadata.CONFIG_TURN_LOOKS
+    assert set().union(*asked) == set(cluster.topics)
+    assert all(set(look.topics) == set(cluster.topics) for look in looks)
+    assert looks[-1].topics["t7"][2] == {"retention.ms": "5"}
+    # a new topic, and one recreated (another id), are described at once
+    cluster.topics["new"], cluster.retention["new"] = 1, 7
+    cluster.ids["t0"] = 2
+    w.look(cluster)
+    assert {"new", "t0"} <= cluster.settings_asked()
