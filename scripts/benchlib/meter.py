@@ -22,6 +22,28 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from .resources import check_interrupted
 from .workload import PARTITIONS
 
+# partitions per ListOffsets request: one request for 10 000 partitions at once crashed the
+# bench's process inside librdkafka (a heap corruption) and takes seconds on a loaded broker
+LIST_OFFSETS_BATCH = 1000
+
+
+def list_offsets(admin: AdminClient, specs: dict, request_timeout: float = 5,
+                 batch: int = LIST_OFFSETS_BATCH) -> dict:
+    """admin.list_offsets over `specs` (TopicPartition -> OffsetSpec) in requests of `batch`
+    partitions, one after the other: TopicPartition -> offset, or the KafkaException it failed
+    with."""
+    out: dict = {}
+    tps = list(specs)
+    for i in range(0, len(tps), batch):
+        futures = admin.list_offsets({tp: specs[tp] for tp in tps[i:i + batch]},
+                                     request_timeout=request_timeout)
+        for tp, f in futures.items():
+            try:
+                out[tp] = f.result().offset
+            except KafkaException as e:
+                out[tp] = e
+    return out
+
 
 class _Progress:
     """count (records so far), first_at / last_at (monotonic time of the first tick that saw a
@@ -74,18 +96,17 @@ class WatermarkMeter(_Progress):
         """Each partition's offset; one not there yet (a topic the system has still to create)
         keeps what it had, 0 at first. Raises KafkaException when none answered."""
         # one topic missing fails the whole request: ask only for the topics that exist
-        futures = self.admin.list_offsets({tp: spec for tp in self._present()},
-                                          request_timeout=5)
-        if not futures:
+        answers = list_offsets(self.admin, {tp: spec for tp in self._present()})
+        if not answers:
             raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
         out, failures, error = {}, 0, None
-        for tp, f in futures.items():
+        for tp, answer in answers.items():
             key = (tp.topic, tp.partition)
-            try:
-                out[key] = f.result().offset
-            except KafkaException as e:
-                out[key], failures, error = self.reported.get(key, 0), failures + 1, e
-        if failures == len(futures):
+            if isinstance(answer, KafkaException):
+                out[key], failures, error = self.reported.get(key, 0), failures + 1, answer
+            else:
+                out[key] = answer
+        if failures == len(answers):
             raise error
         for tp in self.tps:  # the topics not there yet
             out.setdefault((tp.topic, tp.partition), self.reported.get((tp.topic, tp.partition), 0))
