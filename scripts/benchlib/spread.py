@@ -319,7 +319,8 @@ def diode(b: Bench, src, lay: Layout, tag: str) -> dict:
     if args.destination_topics_ahead:
         create_topics(dst.bootstrap, {prefix + t: n for t, n in lay.topics.items()})
     launch = DiodeLaunch(b, cfg, name)
-    meter = WatermarkMeter(dst.bootstrap, None, tps=lay.tps(prefix))
+    meter = WatermarkMeter(dst.bootstrap, None, tps=lay.tps(prefix),
+                           exact=args.broker == "kafka")
     margs = _with(args, meter_interval=meter_interval(args, lay.partitions))
     log(f"partitions: diode over {lay.label}: launching")
     proc = launch.start()
@@ -511,7 +512,8 @@ def relay(b: Bench, src, lay: Layout, tag: str) -> dict:
     with open(spec, "w") as f:
         json.dump(lay.topics, f)
     logfile = os.path.join(b.work, f"relay-p{lay.partitions}-{tag}.log")
-    meter = WatermarkMeter(dst.bootstrap, None, tps=lay.tps(prefix))
+    meter = WatermarkMeter(dst.bootstrap, None, tps=lay.tps(prefix),
+                           exact=args.broker == "kafka")
     margs = _with(args, meter_interval=meter_interval(args, lay.partitions))
     log(f"partitions: relay over {lay.label}: starting")
     started = time.monotonic()
