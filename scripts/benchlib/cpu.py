@@ -77,6 +77,22 @@ class CpuWatch:
                 pass
         return dict(sorted(out.items()))
 
+    def peak_rss(self) -> dict:
+        """The most resident memory (bytes) every live process of the tree has had since it
+        started (VmHWM of /proc/PID/status, Linux), by label."""
+        self.sample()
+        out: dict[str, int] = {}
+        for pid, p in self.procs.items():
+            try:
+                name = self.label(p)
+                with open(f"/proc/{pid}/status") as f:
+                    kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+                out[name] = out.get(name, 0) + 1024 * kib
+            except (OSError, StopIteration, psutil.NoSuchProcess, psutil.AccessDenied,
+                    psutil.ZombieProcess):
+                pass
+        return dict(sorted(out.items()))
+
     def rebase(self) -> None:
         """From now on: CPU used so far by every process seen is not counted."""
         self.sample()

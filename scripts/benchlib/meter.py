@@ -4,10 +4,13 @@
   every tick), never by reading the records. The writers are idempotent producers, so the
   offsets count records. Tansu's "latest" offset is the first offset of the last batch written
   + 1, not the end (docs/design.md §8): a lower bound. When the watermarks stop moving the meter
-  reads each partition's tail once from there to the end of the partition (a batch at most)
-  and takes the end from the last record: exact on both brokers, and cheap, since nothing is
-  read while the watermarks move. A run's end is the tick at which the watermarks last moved
-  (a new batch always moves them, on Tansu too).
+  reads the tail of each partition whose watermark moved since its last tail read, from there
+  to the end of the partition (a batch at most), and takes the end from the last record: exact
+  on both brokers, and cheap, since nothing is read while the watermarks move and a partition
+  is read again only after a new batch. With `exact` (Apache Kafka, whose "latest" is the end)
+  no tail is read: over 10 000 partitions of Tansu one tail read's unassign blocked the bench
+  for minutes. A run's end is the tick at which the watermarks last moved (a new batch always
+  moves them, on Tansu too).
 - CommitMeter: records a consumer group has committed (the sender's kafka_reader commits what
   was handed to the kernel), from its committed offsets every tick.
 - verify_distinct (--verify): the one exact count after a run, by reading every record once and
@@ -21,6 +24,28 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from .resources import check_interrupted
 from .workload import PARTITIONS
+
+# partitions per ListOffsets request: one request for 10 000 partitions at once crashed the
+# bench's process inside librdkafka (a heap corruption) and takes seconds on a loaded broker
+LIST_OFFSETS_BATCH = 1000
+
+
+def list_offsets(admin: AdminClient, specs: dict, request_timeout: float = 5,
+                 batch: int = LIST_OFFSETS_BATCH) -> dict:
+    """admin.list_offsets over `specs` (TopicPartition -> OffsetSpec) in requests of `batch`
+    partitions, one after the other: TopicPartition -> offset, or the KafkaException it failed
+    with."""
+    out: dict = {}
+    tps = list(specs)
+    for i in range(0, len(tps), batch):
+        futures = admin.list_offsets({tp: specs[tp] for tp in tps[i:i + batch]},
+                                     request_timeout=request_timeout)
+        for tp, f in futures.items():
+            try:
+                out[tp] = f.result().offset
+            except KafkaException as e:
+                out[tp] = e
+    return out
 
 
 class _Progress:
@@ -40,9 +65,11 @@ class _Progress:
 
 class WatermarkMeter(_Progress):
     def __init__(self, bootstrap: str, topic: str | None, partitions: int = PARTITIONS,
-                 tps: list | None = None):
-        """Every partition of `topic`, or the partitions `tps` (TopicPartitions, any topics)."""
+                 tps: list | None = None, exact: bool = False):
+        """Every partition of `topic`, or the partitions `tps` (TopicPartitions, any topics);
+        `exact` when the broker's "latest" is the partition's end (no tail read)."""
         super().__init__()
+        self.exact = exact
         self.tps = tps if tps is not None else [TopicPartition(topic, p)
                                                 for p in range(partitions)]
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -53,7 +80,8 @@ class WatermarkMeter(_Progress):
         self.low = {(tp.topic, tp.partition): 0 for tp in self.tps}
         self.reported: dict = {}        # "latest" as the broker reports it
         self.end = {(tp.topic, tp.partition): 0 for tp in self.tps}  # the end found so far
-        self.tailed_at = None           # the reported offsets the last tail read started from
+        self.tailed_at = None  # per partition, the reported offset its last tail read started
+        # from (None: not read, or not to the end)
         self.tail_reads = 0
         self.missing = {tp.topic for tp in self.tps}  # topics not seen in the metadata yet
         self.next_look = 0.0
@@ -74,18 +102,17 @@ class WatermarkMeter(_Progress):
         """Each partition's offset; one not there yet (a topic the system has still to create)
         keeps what it had, 0 at first. Raises KafkaException when none answered."""
         # one topic missing fails the whole request: ask only for the topics that exist
-        futures = self.admin.list_offsets({tp: spec for tp in self._present()},
-                                          request_timeout=5)
-        if not futures:
+        answers = list_offsets(self.admin, {tp: spec for tp in self._present()})
+        if not answers:
             raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
         out, failures, error = {}, 0, None
-        for tp, f in futures.items():
+        for tp, answer in answers.items():
             key = (tp.topic, tp.partition)
-            try:
-                out[key] = f.result().offset
-            except KafkaException as e:
-                out[key], failures, error = self.reported.get(key, 0), failures + 1, e
-        if failures == len(futures):
+            if isinstance(answer, KafkaException):
+                out[key], failures, error = self.reported.get(key, 0), failures + 1, answer
+            else:
+                out[key] = answer
+        if failures == len(answers):
             raise error
         for tp in self.tps:  # the topics not there yet
             out.setdefault((tp.topic, tp.partition), self.reported.get((tp.topic, tp.partition), 0))
@@ -107,15 +134,18 @@ class WatermarkMeter(_Progress):
             self.end[p] = max(self.end[p], o)
         if moved and sum(reported.values()) > sum(self.low.values()):
             self._moved(now)
-        if (force_tail or not moved) and reported != self.tailed_at:
+        if (force_tail or not moved) and not self.exact and reported != self.tailed_at:
             self._read_tail(reported)
         self.count = sum(max(0, self.end[p] - self.low[p]) for p in self.end)
         return self.count
 
     def _read_tail(self, reported: dict, timeout: float = 5.0) -> None:
-        """Each written partition from its reported "latest" - 1 to the end of the partition."""
+        """Each written partition whose reported "latest" moved since its last tail read, from
+        that "latest" - 1 to the end of the partition."""
+        before = self.tailed_at or {}
         start = [TopicPartition(t, p, max(self.low[(t, p)], reported[(t, p)] - 1))
-                 for t, p in self.end if reported[(t, p)] > self.low[(t, p)]]
+                 for t, p in self.end if reported[(t, p)] > self.low[(t, p)]
+                 and before.get((t, p)) != reported[(t, p)]]
         self.tailed_at = dict(reported)
         if not start:
             return
@@ -134,14 +164,14 @@ class WatermarkMeter(_Progress):
                         open_.discard(key)
         finally:
             self.tail.unassign()
-        if open_:
-            self.tailed_at = None  # not finished: read again next time
+        for key in open_:  # not read to the end: read again next time
+            self.tailed_at[key] = None
 
     def final(self) -> int:
-        """The exact count once writing stopped (a tail read whatever the watermarks did);
-        the run's first and last progress stay what the measurement saw."""
+        """The exact count once writing stopped (a tail read of what moved since its last one,
+        whatever the watermarks did); the run's first and last progress stay what the
+        measurement saw."""
         first, last = self.first_at, self.last_at
-        self.tailed_at = None
         self.poll(force_tail=True)
         self.first_at, self.last_at = first, last
         return self.count

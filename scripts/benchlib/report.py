@@ -269,8 +269,10 @@ def print_partitions(result: dict, file=sys.stdout) -> None:
     for r in result["rows"]:
         if r["baseline"]:
             continue
-        p(f"  run {r['run']}, {r['partitions']} partitions: RSS MiB: " + ", ".join(
-            f"{k} {v / mib:.0f}" for k, v in (r.get("rss_bytes") or {}).items()))
+        peak = r.get("rss_peak_bytes") or {}
+        p(f"  run {r['run']}, {r['partitions']} partitions: RSS MiB at the end (peak): " +
+          ", ".join(f"{k} {v / mib:.0f}" + (f" ({peak[k] / mib:.0f})" if k in peak else "")
+                    for k, v in (r.get("rss_bytes") or {}).items()))
         src = (r.get("lone") or {}).get("source") or {}
         p(f"  {'':>{len(str(r['run'])) + 4}}  lone record at the source (Kafka alone): p50/p99 "
           f"{_ms(src.get('p50_ms'))}/{_ms(src.get('p99_ms'))} ms; load average "

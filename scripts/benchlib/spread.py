@@ -38,7 +38,7 @@ from diode.kafka.brokers import free_port
 
 from .cpu import CpuWatch, diode_label
 from .launch import DiodeLaunch, link_figures, topology
-from .meter import WatermarkMeter, measure
+from .meter import WatermarkMeter, list_offsets, measure
 from .profile import Profiler
 from .report import rate, run_result
 from .resources import Bench, bench_mode, check_interrupted, log
@@ -49,6 +49,9 @@ CREATE_BATCH = 500     # topics per CreateTopics request
 SETTLE_SECONDS = 3.0   # after the copy, before the idle window: lingers, commits, checkpoints
 LONE_FETCH_WAIT_MS = 10
 WARM_UP_SECONDS = 120.0  # the most the lone records' warm-up waits for its records
+# the most the pre-produce waits for its acknowledgements: 50 000 records over 10 000
+# partitions of Tansu took 297 s at load 40
+PREPRODUCE_FLUSH_SECONDS = 900.0
 
 
 def default_topics(partitions: int) -> int:
@@ -163,50 +166,65 @@ class Layout:
         return [TopicPartition(prefix + t, p) for t, n in self.topics.items() for p in range(n)]
 
 
-def create_topics(bootstrap: str, topics: dict, timeout: float = 120.0) -> None:
+def create_topics(bootstrap: str, topics: dict, timeout: float = 600.0) -> None:
     """Every topic of `topics` (name -> partitions), in CreateTopics requests of CREATE_BATCH,
-    then until the metadata shows them all."""
+    then until the metadata shows them all and the broker hosts every partition (up to
+    `timeout` seconds: Apache Kafka at load 40 had not hosted 10 000 partitions after 120 s);
+    what is still missing is logged every 30 s."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     names = list(topics)
     for i in range(0, len(names), CREATE_BATCH):
         batch = [NewTopic(t, topics[t]) for t in names[i:i + CREATE_BATCH]]
         for fut in admin.create_topics(batch, operation_timeout=60).values():
             fut.result()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    started = time.monotonic()
+    next_log = started + 30
+    unseen, unhosted = dict(topics), None
+    while time.monotonic() < started + timeout:
         check_interrupted()
         md = admin.list_topics(timeout=30).topics
-        if all(t in md and md[t].error is None and len(md[t].partitions) == n
-               for t, n in topics.items()) and _hosted(admin, topics):
-            return
+        unseen = {t: n for t, n in unseen.items()
+                  if t not in md or md[t].error is not None or len(md[t].partitions) != n}
+        if not unseen:
+            # asked again of the partitions not hosted yet only
+            unhosted = _unhosted(admin, [TopicPartition(t, p) for t, n in topics.items()
+                                         for p in range(n)] if unhosted is None else unhosted)
+            if not unhosted:
+                return
+        if time.monotonic() >= next_log:
+            next_log += 30
+            log(f"topics: {len(unseen)} of {len(topics)} not in the metadata yet, "
+                f"{'-' if unhosted is None else len(unhosted)} partitions not hosted yet, "
+                f"after {time.monotonic() - started:.0f} s")
         time.sleep(0.5)
-    raise RuntimeError(f"{len(topics)} topics did not all appear on {bootstrap}")
+    raise RuntimeError(f"{len(topics)} topics did not all appear on {bootstrap} in "
+                       f"{timeout:.0f} s: {len(unseen)} not in the metadata, "
+                       f"{'-' if unhosted is None else len(unhosted)} partitions not hosted")
 
 
-def _hosted(admin, topics: dict) -> bool:
-    """Whether the broker answers ListOffsets for every partition: the metadata names a
-    partition's leader before a loaded broker has made its log (seconds to minutes for 1 000),
-    and a producer's requests to it time out meanwhile."""
-    futures = admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest()
-                                  for t, n in topics.items() for p in range(n)},
-                                 request_timeout=30)
-    try:
-        for f in futures.values():
-            f.result()
-    except KafkaException:
-        return False
-    return True
+def _unhosted(admin, tps: list) -> list:
+    """The partitions of `tps` the broker does not answer ListOffsets for yet: the metadata
+    names a partition's leader before a loaded broker has made its log (seconds to minutes
+    for 1 000), and a producer's requests to it time out meanwhile."""
+    answers = list_offsets(admin, {tp: OffsetSpec.latest() for tp in tps}, request_timeout=30)
+    return [tp for tp, a in answers.items() if isinstance(a, KafkaException)]
 
 
 def preproduce_spread(bootstrap: str, lay: Layout, count: int, size: int,
                       compressible: bool) -> float:
     """`count` records (a key and one header each) round-robin over every partition of the
-    layout; its ends from the delivery reports. Fails unless all are acknowledged."""
-    # idempotent: a request that times out on a loaded broker is retried without a duplicate
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all",
+    layout (record i to partition i mod N), produced a partition at a time so that each
+    partition's records go in one batch; its ends from the delivery reports. Fails unless all
+    are acknowledged."""
+    # idempotent: a request that times out on a loaded broker is retried without a duplicate;
+    # records wait up to the flush's time: over 10 000 partitions of Tansu at load 40 a third
+    # of them timed out at librdkafka's default 300 s
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 200, "acks": "all",
                   "enable.idempotence": True, "batch.size": 1000000,
-                  "queue.buffering.max.kbytes": 262144, "compression.type": "none"})
+                  "queue.buffering.max.kbytes": 262144, "compression.type": "none",
+                  "message.timeout.ms": int(PREPRODUCE_FLUSH_SECONDS * 1000)})
     tps = lay.tps()
+    order = [i for first in range(len(tps)) for i in range(first, count, len(tps))]
     failed = []
     lay.ends = {(tp.topic, tp.partition): 0 for tp in tps}
 
@@ -218,8 +236,8 @@ def preproduce_spread(bootstrap: str, lay: Layout, count: int, size: int,
             lay.ends[key] = max(lay.ends[key], msg.offset() + 1)
 
     t0 = time.monotonic()
-    for i in range(count):
-        if i % 1000 == 0:
+    for n, i in enumerate(order):
+        if n % 1000 == 0:
             check_interrupted()
             p.poll(0)
         tp = tps[i % len(tps)]
@@ -231,10 +249,11 @@ def preproduce_spread(bootstrap: str, lay: Layout, count: int, size: int,
                 break
             except BufferError:
                 p.poll(0.05)
-    left = p.flush(300)
+    left = p.flush(PREPRODUCE_FLUSH_SECONDS)
     if left or failed or sum(lay.ends.values()) != count:
         raise RuntimeError(f"pre-producing {lay.label}: {left} unconfirmed, {len(failed)} "
-                           f"failed, ends add up to {sum(lay.ends.values())} of {count}")
+                           f"failed{' (' + failed[0].str() + ')' if failed else ''}, ends add "
+                           f"up to {sum(lay.ends.values())} of {count}")
     return time.monotonic() - t0
 
 
@@ -300,7 +319,8 @@ def diode(b: Bench, src, lay: Layout, tag: str) -> dict:
     if args.destination_topics_ahead:
         create_topics(dst.bootstrap, {prefix + t: n for t, n in lay.topics.items()})
     launch = DiodeLaunch(b, cfg, name)
-    meter = WatermarkMeter(dst.bootstrap, None, tps=lay.tps(prefix))
+    meter = WatermarkMeter(dst.bootstrap, None, tps=lay.tps(prefix),
+                           exact=args.broker == "kafka")
     margs = _with(args, meter_interval=meter_interval(args, lay.partitions))
     log(f"partitions: diode over {lay.label}: launching")
     proc = launch.start()
@@ -319,6 +339,7 @@ def diode(b: Bench, src, lay: Layout, tag: str) -> dict:
             out["lone"] = lone_records(b, proc, cpu, src.bootstrap, dst.bootstrap, lay, prefix,
                                        meter, name)
             out["rss_bytes"] = cpu.rss()
+            out["rss_peak_bytes"] = cpu.peak_rss()
         launch.stop()
     finally:
         launch.stop()
@@ -331,7 +352,7 @@ def diode(b: Bench, src, lay: Layout, tag: str) -> dict:
     r.update(link_figures(metrics), metrics=metrics, partitions=lay.partitions,
              topics=len(lay.topics))
     r.update({"startup_seconds": None, "idle_core": None, "idle_per_process": {},
-              "rss_bytes": {}, "lone": lone_summary({}, {}, 0)})
+              "rss_bytes": {}, "rss_peak_bytes": {}, "lone": lone_summary({}, {}, 0)})
     r.update(out)
     r["load_average"] = os.getloadavg()
     return r
@@ -491,7 +512,8 @@ def relay(b: Bench, src, lay: Layout, tag: str) -> dict:
     with open(spec, "w") as f:
         json.dump(lay.topics, f)
     logfile = os.path.join(b.work, f"relay-p{lay.partitions}-{tag}.log")
-    meter = WatermarkMeter(dst.bootstrap, None, tps=lay.tps(prefix))
+    meter = WatermarkMeter(dst.bootstrap, None, tps=lay.tps(prefix),
+                           exact=args.broker == "kafka")
     margs = _with(args, meter_interval=meter_interval(args, lay.partitions))
     log(f"partitions: relay over {lay.label}: starting")
     started = time.monotonic()

@@ -13,7 +13,7 @@ Not a test: figures.
 import time
 from types import SimpleNamespace
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from diode.kafka.clients import TopicSelector
 from diode.kafka.metadata import MetadataWatcher
@@ -22,21 +22,18 @@ from diode.kafka.preparer import Preparer, TopicAnswer
 from diode.kafka.refresh import PartitionWatcher
 
 from .resources import check_interrupted, log
-from .spread import CREATE_BATCH, layout
+from .spread import create_topics, layout
 
 PARTS = ("watcher", "preparer", "sync")
 DEFAULT_PARTITIONS = 10000   # --mode startup without --partitions (2 000 topics of 5)
 
 
 def make_source(bootstrap: str, topics: dict) -> float:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    names = list(topics)
+    """Seconds until every topic of `topics` is made and the broker answers for every
+    partition (spread.create_topics): a look at partitions still being made (Apache Kafka
+    makes 10 000 in minutes on this machine) would time the broker, not the watcher."""
     started = time.monotonic()
-    for i in range(0, len(names), CREATE_BATCH):
-        futures = admin.create_topics([NewTopic(t, topics[t]) for t in names[i:i + CREATE_BATCH]],
-                                      operation_timeout=60)
-        for f in futures.values():
-            f.result(90)
+    create_topics(bootstrap, topics)
     return time.monotonic() - started
 
 
@@ -59,11 +56,16 @@ def watch(bootstrap: str) -> tuple:
         watcher.close()
 
 
-def metadata_look(bootstrap: str) -> tuple:
+def metadata_look(bootstrap: str, keep: list) -> tuple:
+    """(seconds, the look). Its admin client goes to `keep`: dropped here while a request the
+    look stopped waiting for was still out, the client was destroyed by librdkafka's own thread
+    when the answer came, which aborts the process ("calling rd_kafka_destroy() from librdkafka
+    owned thread is prohibited": Apache Kafka, 10 000 partitions, the look timed out)."""
     selector = TopicSelector([], [r"t\d+"])
     watcher = MetadataWatcher({"bootstrap.servers": bootstrap}, selector.matches,
                               ["retention.ms", "cleanup.policy"], [], 600.0)
     admin = AdminClient({"bootstrap.servers": bootstrap})
+    keep.append(admin)
     started = time.monotonic()
     look = watcher.look(admin)
     if look.error:
@@ -123,6 +125,7 @@ def run(b) -> dict:
     topics = {f"t{i:05d}": n for i, n in enumerate(counts)}
     src, dst = res.broker("source-startup", b.work), res.broker("dest-startup", b.work)
     out = {"partitions": partitions, "topics": len(topics), "broker": args.broker}
+    keep: list = []  # clients kept until the brokers are stopped (metadata_look)
     try:
         out["source_created_seconds"] = make_source(src.bootstrap, topics)
         log(f"startup: {len(topics)} source topics ({partitions} partitions) created in "
@@ -133,7 +136,7 @@ def run(b) -> dict:
                               "ends": ends, "starts": starts}
             log(f"startup: watcher: first look {took:.2f} s ({new} partitions with their "
                 f"committed offsets, {ids} identities, {ends} ends, {starts} starts)")
-        took, look = metadata_look(src.bootstrap)
+        took, look = metadata_look(src.bootstrap, keep)
         out["metadata_look"] = {"seconds": took, "topics": len(look.topics)}
         log(f"startup: metadata watcher: a look {took:.2f} s ({len(look.topics)} topics)")
         if "preparer" not in args.startup_skip:

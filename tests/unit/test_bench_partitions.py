@@ -2,14 +2,17 @@
 read, and the figures it computes from what it measured (percentiles, idle share, ratios)."""
 
 import sys
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import OffsetSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 import bench  # noqa: E402
-from benchlib import spread  # noqa: E402
+from benchlib import meter, spread  # noqa: E402
 
 
 def test_partitions_spread_evenly_over_the_topics():
@@ -128,3 +131,33 @@ def test_the_writer_mode_measures_each_call_on_the_writer_stage_as_it_is(monkeyp
     assert [r["partitions"] for r in result["rows"]] == [20]
     assert set(result["rows"][0]["ms"]) == {"expire", "idle turn", "metrics", "checkpoint"}
     assert len(calls) == 4
+
+
+def test_the_meter_asks_offsets_in_batches_and_keeps_each_partitions_answer_or_error():
+    class Answer:
+        def __init__(self, offset):
+            self.offset = offset
+
+    class Admin:  # answers as AdminClient.list_offsets does: a future per partition
+        def __init__(self):
+            self.requests = []
+
+        def list_offsets(self, specs, request_timeout):
+            self.requests.append(len(specs))
+            out = {}
+            for tp in specs:
+                f = Future()
+                if tp.partition == 3:
+                    f.set_exception(KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)))
+                else:
+                    f.set_result(Answer(tp.partition * 10))
+                out[tp] = f
+            return out
+
+    admin = Admin()
+    tps = [TopicPartition(f"t{i // 5}", i % 5) for i in range(2500)]
+    got = meter.list_offsets(admin, {tp: OffsetSpec.latest() for tp in tps})
+    assert admin.requests == [1000, 1000, 500]
+    assert list(got) == tps
+    assert all(isinstance(got[tp], KafkaException) for tp in tps if tp.partition == 3)
+    assert all(got[tp] == tp.partition * 10 for tp in tps if tp.partition != 3)
