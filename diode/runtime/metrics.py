@@ -291,6 +291,7 @@ class Metrics:
         self.path = path
         self.interval = interval
         self._next_write = 0.0
+        self._series: dict = {}  # (kind, (name, labels)) -> ((family, type), "name{labels} ")
         self._mirror = _PrometheusMirror(prometheus_dir, self.labels) if prometheus_dir \
             else None
         for name, m in CATALOG.items():  # this stage's series exist from the start
@@ -336,18 +337,29 @@ class Metrics:
         return self.counters.get(key, self.gauges.get(key, 0))
 
     def text(self) -> str:
-        """Prometheus text exposition format, one TYPE line per metric."""
+        """Prometheus text exposition format, one TYPE line per metric. Each series' name and
+        labels are rendered once and kept (`_series`): a writer over 2 000 topics exports
+        8 000 per-topic series every second, and rendering their labels each time cost it
+        most of its idle turns (16 ms a second, 844 KB)."""
         lines = []
         families: dict = {}
+        series = self._series
+        if len(series) > 2 * (len(self.counters) + len(self.gauges)) + 64:
+            series.clear()  # (series gone: bounded by those that exist)
         for kind, table in (("counter", self.counters), ("gauge", self.gauges)):
-            for (name, labels), value in table.items():
-                shown = "counter" if kind == "counter" or name in CUMULATIVE else "gauge"
-                families.setdefault((exported_name(name, kind), shown), []).append(
-                    (labels, value))
+            for key, value in table.items():
+                known = series.get((kind, key))
+                if known is None:
+                    name, labels = key
+                    shown = "counter" if kind == "counter" or name in CUMULATIVE else "gauge"
+                    full = exported_name(name, kind)
+                    known = series[(kind, key)] = (
+                        (full, shown), f"{full}{{{self._label_text(labels)}}} ")
+                families.setdefault(known[0], []).append((key[1], known[1], value))
         for (full, kind), samples in sorted(families.items()):
             lines.append(f"# TYPE {full} {kind}")
-            for labels, value in sorted(samples):
-                lines.append(f"{full}{{{self._label_text(labels)}}} {_number(value)}")
+            samples.sort(key=_labels_of)
+            lines += [prefix + _number(value) for _, prefix, value in samples]
         for (name, labels), h in sorted(self.histograms.items(), key=lambda kv: kv[0]):
             full = f"diode_{name}"
             lines.append(f"# TYPE {full} histogram")
@@ -377,6 +389,10 @@ class Metrics:
             return
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         files.replace(self.path, self.text(), sync=False)
+
+
+def _labels_of(sample: tuple) -> tuple:
+    return sample[0]
 
 
 def _number(value) -> str:

@@ -40,6 +40,29 @@ def test_text_is_prometheus_exposition_format():
             assert declared and declared[0] < i
 
 
+def test_the_text_written_again_shows_every_value_and_series_as_they_are_now():
+    """Each series' name and labels are rendered once and kept (thousands of per-topic series
+    every second): a later text shows each value as it is then, series added since in their
+    place, and one gone no more."""
+    m = Metrics({"side": "receiver", "stage": "kafka_writer"})
+    m.set("source_lag_records", 5, topic="b")
+    m.inc("rejects", 2, reason="replayed")
+    m.text()
+    m.set("source_lag_records", 7, topic="b")
+    m.set("source_lag_records", 1, topic="a")
+    m.inc("rejects", reason="replayed")
+    m.set("bytes_in_flight", 3)
+    text = m.text()
+    lag = [line for line in text.splitlines() if line.startswith("diode_source_lag_records{")]
+    assert lag == ['diode_source_lag_records{side="receiver",stage="kafka_writer",topic="a"} 1',
+                   'diode_source_lag_records{side="receiver",stage="kafka_writer",topic="b"} 7']
+    assert 'diode_rejects_total{side="receiver",stage="kafka_writer",reason="replayed"} 3' in \
+        text.splitlines()
+    assert "diode_bytes_in_flight{" in text
+    del m.gauges[("source_lag_records", (("topic", "b"),))]
+    assert 'topic="b"' not in m.text()
+
+
 def test_process_labels_are_on_every_sample():
     text = sample_metrics().text()
     for line in text.splitlines():
