@@ -254,8 +254,8 @@ class Stage(BaseStage):
         if not wait_ms:
             return True
         return transport.wait_for_room(self.outs, wait_ms,
-                                       (self.control, self.fd) if read else
-                                       (self.control,))
+                                       (self.control, self.ctx.wakeup, self.fd) if read else
+                                       (self.control, self.ctx.wakeup))
 
     def finish(self, now):
         """Stopping (a head stage: nothing more is read): a last mark. What is journaled and
