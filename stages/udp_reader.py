@@ -186,6 +186,7 @@ class Stage(BaseStage):
             # (what an alert divides diode_journal_bytes by)
             self.metrics.set("journal_max_bytes", self.journal.max_bytes)
         self.dir = self.t.resolve(self.t.receiver.journal_dir)
+        self.low_waters = checkpoints.LowWaters(self.dir, self.writers)  # (read as they change)
         self.end = self.journal.end if self.journal else 0   # next position
         self.cursor = self.end            # next position to forward
         self.times: deque = deque()       # Read: when datagrams waiting in the journal came
@@ -479,7 +480,7 @@ class Stage(BaseStage):
         """Forward the journal again from the writers' lowest checkpoint."""
         self.replay_started = now
         if self.journal is not None:
-            low = checkpoints.low_water(self.dir, self.writers)
+            low = self.low_waters.get()
             start = self.journal.start if low is None else max(low, self.journal.start)
             if start < self.cursor:
                 self.cursor = start
@@ -500,7 +501,7 @@ class Stage(BaseStage):
             self.journal.sync_error = None
         if self.journal_failing:
             self._retry_journal(now)
-        low = checkpoints.low_water(self.dir, self.writers)
+        low = self.low_waters.get()
         if low is not None:
             freed = self.journal.release(min(low, self.cursor))
             if freed:
