@@ -52,6 +52,7 @@ class Stage(BaseStage):
     def open(self):
         ctx = self.ctx
         self.input = transport.pull(ctx.zmq, ctx.bound("in"), ctx.hwm)
+        self.poller = transport.poller(self.input, ctx.wakeup)
         self.out = self.outbox(transport.push(ctx.zmq, ctx.peers("out"), ctx.hwm))
         self.acks = [transport.push(ctx.zmq, [e], ctx.hwm * 16) for e in ctx.peers("acks")]
         session = crypto.new_session_id()
@@ -93,10 +94,13 @@ class Stage(BaseStage):
             return None
         if self.builder.pending:  # (rounded up: a last millisecond rounded to 0 would spin)
             return max(0, math.ceil((self.first_pending + self.linger - now) * 1000))
-        return self.POLL_MS
+        if self.parity or self.dlq is not None and (self.dead_letters or len(self.dlq)):
+            return self.POLL_MS  # (parity to send, dead letters to deliver)
+        return self.IDLE_WAIT_MS  # (nothing held: a reader's message is all it waits for)
 
     def poll_input(self, wait_ms):
-        return self.input.poll(wait_ms)
+        """Wait up to `wait_ms` for a reader's message (or a signal: the worker's Wakeup)."""
+        return self.input in dict(self.poller.poll(wait_ms))
 
     def take_input(self):
         """Reader messages one at a time, and none while the udp_sender is behind: what is

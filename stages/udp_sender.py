@@ -53,13 +53,14 @@ class Stage(BaseStage):
     def before_input(self, now):
         """A backlog left (the network refused a send) is sent first, and no input taken this
         turn: not a spin, the pacer waits between datagrams and a refused send 0.2 s. Then the
-        acknowledgements that wait for their reader."""
+        acknowledgements that wait for their reader, tried again every POLL_MS while some
+        wait; with none, a packer's datagrams are all it waits for (IDLE_WAIT_MS)."""
         if self.backlog:
             self._send_backlog()
             return None
         if self.pending_acks:
             self._flush_acks()
-        return self.POLL_MS
+        return self.POLL_MS if self.pending_acks else self.IDLE_WAIT_MS
 
     def _datagrams(self, message: Datagrams, frames) -> None:
         self.backlog.extend(zip(transport.split(message.lengths, frames[1]), message.carried))

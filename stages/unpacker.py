@@ -56,8 +56,10 @@ class ToWriter:
 
 
 class Stage(BaseStage):
-    # An idle turn's wait: the reader's marks wake it (every udp_reader.IDLE_MARK_SECONDS at
-    # least), and its own timers are half-second ones.
+    # A turn's wait while datagrams are held for reassembly or FEC: its timer that gives them
+    # up is a half-second one (and the reader's marks wake it, every
+    # udp_reader.QUIET_MARK_SECONDS at least while the link is in use); with none held,
+    # IDLE_WAIT_MS.
     POLL_MS = 250
 
     def open(self):
@@ -102,9 +104,9 @@ class Stage(BaseStage):
         first); while one is behind, the turn waits for it to take something, up to POLL_MS
         (transport.wait_for_room), and takes nothing."""
         flushed = [o.flush() for o in self.outs]  # (each one, not up to the first behind)
-        if all(flushed):
-            return self.POLL_MS
-        transport.wait_for_room(self.outs, self.POLL_MS)
+        if all(flushed):  # (its timer has work only while something is held to reassemble)
+            return self.POLL_MS if self.held else self.IDLE_WAIT_MS
+        transport.wait_for_room(self.outs, self.POLL_MS, (self.ctx.wakeup,))
         return None
 
     def _gather(self) -> None:

@@ -171,5 +171,42 @@ def low_water(directory: str, writers: int) -> int | None:
     return min(lows) if lows else None
 
 
+class LowWaters:
+    """low_water for a caller that asks every second (the udp_reader, releasing its journal):
+    a writer's checkpoint is read again only once its files were replaced (each replace is a
+    new file: its inode, size and times change), where every call parsed every writer's
+    whole checkpoint (4 ms at 1 000 partitions, 100 ms at 10 000) for one number."""
+
+    def __init__(self, directory: str, writers: int):
+        self.directory, self.writers = directory, writers
+        self.known: dict = {}  # writer index -> (its files' stamps, its low water)
+
+    def get(self) -> int | None:
+        """As low_water(directory, writers)."""
+        lows = []
+        for i in range(self.writers):
+            stamps = (_stamp(path(self.directory, i)), _stamp(changes_path(self.directory, i)))
+            known = self.known.get(i)
+            if known is None or known[0] != stamps:
+                self.known.pop(i, None)
+                try:
+                    data = load(self.directory, i)
+                except CheckpointError:
+                    return None
+                if data is None:
+                    return None
+                known = self.known[i] = (stamps, data["low_water"])
+            lows.append(known[1])
+        return min(lows) if lows else None
+
+
+def _stamp(where: str) -> tuple | None:
+    try:
+        st = os.stat(where)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 class CheckpointError(Exception):
     pass

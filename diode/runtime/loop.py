@@ -75,20 +75,24 @@ class Input:
 
 
 class Inputs:
-    """A stage's declared inputs: polled together, each ready one taken."""
+    """A stage's declared inputs: polled together, each ready one taken. `wakeup`, a file
+    descriptor (the worker's signal wake-up: diode.runtime.worker.Wakeup), ends the wait too."""
 
-    __slots__ = ("inputs", "poller")
+    __slots__ = ("inputs", "poller", "wakeup")
 
-    def __init__(self):
+    def __init__(self, wakeup=None):
         self.inputs: list[Input] = []
         self.poller = None
+        self.wakeup = wakeup
 
     def add(self, one: Input) -> Input:
         self.inputs.append(one)
-        if len(self.inputs) > 1:
+        if len(self.inputs) > 1 or self.wakeup is not None:
             self.poller = zmq.Poller()
             for i in self.inputs:
                 self.poller.register(i.sock, zmq.POLLIN)
+            if self.wakeup is not None:
+                self.poller.register(self.wakeup, zmq.POLLIN)
         return one
 
     def __bool__(self) -> bool:

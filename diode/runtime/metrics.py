@@ -378,6 +378,10 @@ class Metrics:
     def due(self) -> bool:
         return time.monotonic() >= self._next_write
 
+    def due_in(self, now: float) -> float:
+        """Seconds from `now` (time.monotonic()) until the next write is due."""
+        return self._next_write - now
+
     def maybe_write(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now < self._next_write:

@@ -22,6 +22,7 @@ sender seals with the key it started with until it is restarted (a clean stop lo
 import dataclasses
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -58,6 +59,11 @@ class State(Enum):
 
 
 S = State
+# How often the watch looks at its workers (heartbeats, a worker that has opened its stage)
+# with nothing else to wake it: a worker's exit, a signal and a restart due end its wait
+# (Supervisor._nap). Each turn looks at every worker: 20 turns a second cost an
+# idle launch 0.2-0.3 % of a core.
+WATCH_SECONDS = 0.25
 TRANSITIONS = {
     (S.STOPPED, S.STARTING),   # forked for its first start
     (S.STARTING, S.RUNNING),   # its stage ran open() and it reported its first heartbeat
@@ -177,6 +183,11 @@ class Supervisor:
         self.started = time.time()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
+        # A signal (a worker's exit: SIGCHLD; a stop, a reload) ends the watch's wait at once
+        # (_nap): the watch need not turn often to see them.
+        self._wakeup, wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        signal.set_wakeup_fd(wakeup_write, warn_on_full_buffer=False)
         code = 0
         launches.write_status(self.run_dir, self.status())
         try:
@@ -204,6 +215,10 @@ class Supervisor:
                      len(self.workers), self.run_dir)
             code = self._watch()
         finally:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.close(self._wakeup)
+            os.close(wakeup_write)
             self._drain()
             for proc in self.exporters.values():
                 proc.terminate()
@@ -260,7 +275,21 @@ class Supervisor:
                         log.warning("the %s metrics endpoint exited (%s): starting it again",
                                     side, proc.returncode)
                         self._start_exporter(side)
-            time.sleep(0.05)
+            self._nap(now)
+
+    def _nap(self, now: float) -> None:
+        """The watch's wait between turns: WATCH_SECONDS, or until the next restart or status
+        is due; a signal ends it at once (a worker's exit, a stop, a reload: the wakeup pipe
+        made in `run`), which the wait empties."""
+        until = min([self._next_status, now + WATCH_SECONDS] +
+                    [w.restart_at for w in self.workers
+                     if w.restart_at is not None and w.state in (State.BACKOFF, State.EXITED)])
+        if until > now and select.select([self._wakeup], [], [], until - now)[0]:
+            try:
+                while os.read(self._wakeup, 512):
+                    pass
+            except BlockingIOError:
+                pass
 
     def _reload(self) -> None:
         """SIGHUP: the receiver's keys from the topology file's `security` section, as it is

@@ -72,6 +72,16 @@ def drain(sock: zmq.Socket, limit: int = 1 << 30):
     return out
 
 
+def poller(*readable) -> zmq.Poller:
+    """A poller of what may be read among `readable` (sockets, or file descriptors; None is
+    left out)."""
+    p = zmq.Poller()
+    for one in readable:
+        if one is not None:
+            p.register(one, zmq.POLLIN)
+    return p
+
+
 def wait_for_room(outboxes, wait_ms: int, readable=()) -> bool:
     """Wait up to `wait_ms` for a peer of an outbox holding messages to have room for one
     (ZeroMQ's POLLOUT), or for one of `readable` (sockets, or file descriptors) to have
@@ -83,7 +93,8 @@ def wait_for_room(outboxes, wait_ms: int, readable=()) -> bool:
         if box.pending:
             poller.register(box.sock, zmq.POLLOUT)
     for one in readable:
-        poller.register(one, zmq.POLLIN)
+        if one is not None:
+            poller.register(one, zmq.POLLIN)
     return bool(poller.poll(wait_ms))
 
 

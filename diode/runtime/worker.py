@@ -30,6 +30,7 @@ import faulthandler
 import gc
 import importlib
 import logging
+import math
 import mmap
 import os
 import signal
@@ -139,6 +140,9 @@ class StageContext:
     incarnation: int = 1  # how many times the supervisor has started this worker
     # what the stage's `prepare` made in the supervisor (a socket)
     inherited: dict = field(default_factory=dict)
+    # a file descriptor readable once a signal came (Wakeup.fd): a stage's waits for input
+    # end on it, so a stop, a rewind or a reload is acted on at once however long they are
+    wakeup: int | None = None
 
     @property
     def hwm(self) -> int:
@@ -196,6 +200,11 @@ class Stage:
     # stop() and goes straight to `finish`.
     TAKES_INPUT_WHILE_STOPPING = True
     POLL_MS = 50  # the longest a turn waits for input (before_input's default)
+    # The longest a turn of a stage with nothing to do (nothing held, no timer with work)
+    # waits for input: its heartbeat to the supervisor and its metrics (about once a second:
+    # the wait ends when they are due) come between turns, and a signal ends it at once
+    # (Wakeup), so a stop, rewind or reload is not delayed.
+    IDLE_WAIT_MS = 1000
 
     def __init__(self, ctx: StageContext):
         self.ctx = ctx
@@ -205,7 +214,7 @@ class Stage:
         self.stopping = False
         self.finish_by = None  # stopping: when its drain_budget() is spent (set by `step`)
         self.replay_request = None
-        self.inputs = Inputs()
+        self.inputs = Inputs(ctx.wakeup)
         self.timers = Timers()
         self._ready: list = []  # the declared inputs poll_input found ready, for take_input
         self._quiet_since = None
@@ -260,6 +269,12 @@ class Stage:
             return self._finish(now)
         if wait is None:
             return True
+        if self.stopping:  # (its input is watched for QUIET_SECONDS of quiet: turns go on)
+            wait = min(wait, Stage.POLL_MS)
+        elif wait > Stage.POLL_MS:  # (a long idle wait ends when the metrics are due)
+            due = math.ceil(self.metrics.due_in(now) * 1000)
+            if 0 < due < wait:
+                wait = due
         got = self.poll_input(wait)
         if self.drained(idle=not got and self.idle()):
             return self._finish(now)
@@ -388,6 +403,24 @@ class Heartbeats:
         return pid != 0 and self.opened_pids[slot] == pid
 
 
+class Wakeup:
+    """A pipe the kernel's side of Python's signal handling writes to when a signal with a
+    handler comes (signal.set_wakeup_fd): its read end, polled with a stage's input, ends a
+    wait for input at once, so a stage may wait long while idle and still stop, rewind or
+    reload as soon as asked. `clear` empties it once the flags the handlers set are read."""
+
+    def __init__(self):
+        self.fd, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+
+    def clear(self) -> None:
+        try:
+            while os.read(self.fd, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+
 def stage_class(stage_type: str):
     """The class that runs a stage type of the topology: stages.<type>.Stage."""
     return importlib.import_module(f"stages.{stage_type}").Stage
@@ -454,16 +487,17 @@ def start_failure(run_dir: str, spec: WorkerSpec) -> str:
 
 def _run(spec, topology, run_dir, keys, heartbeats, slot, parent_pid, inherited,
          incarnation, cls) -> int:
-    flags = {"stop": False, "rewind": False, "reload": False}
+    # (woken: a signal wrote to the Wakeup pipe, emptied by the loop before it acts)
+    flags = {"stop": False, "rewind": False, "reload": False, "woken": False}
 
     def on_stop(signum, frame):
-        flags["stop"] = True
+        flags["stop"] = flags["woken"] = True
 
     def on_rewind(signum, frame):
-        flags["rewind"] = True
+        flags["rewind"] = flags["woken"] = True
 
     def on_reload(signum, frame):
-        flags["reload"] = True
+        flags["reload"] = flags["woken"] = True
 
     signal.signal(signal.SIGTERM, on_stop)
     # A crash in a C extension (librdkafka, zfec) leaves its Python stacks in the log.
@@ -473,6 +507,7 @@ def _run(spec, topology, run_dir, keys, heartbeats, slot, parent_pid, inherited,
     signal.signal(signal.SIGUSR1, on_rewind)
     signal.signal(signal.SIGHUP, on_reload)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    wakeup = Wakeup()
     die_with_parent()
     if os.getppid() != parent_pid:
         return 1  # the supervisor died before we could ask to follow it
@@ -488,7 +523,7 @@ def _run(spec, topology, run_dir, keys, heartbeats, slot, parent_pid, inherited,
                       prometheus_dir=prometheus_dir(run_dir, spec.side) if exported else None)
     ctx = zmq.Context()
     context = StageContext(topology, spec, run_dir, keys.read(), ctx, metrics, incarnation,
-                           inherited)
+                           inherited, wakeup.fd)
     stage = cls(context)
     proc = psutil.Process()
     try:
@@ -507,6 +542,9 @@ def _run(spec, topology, run_dir, keys, heartbeats, slot, parent_pid, inherited,
     slow = SlowSteps(spec, topology.supervisor.heartbeat_timeout_seconds)
     try:
         while True:
+            if flags["woken"]:
+                flags["woken"] = False
+                wakeup.clear()
             if flags["stop"] and not stage.stopping:
                 stage.stop()
             if flags["rewind"]:

@@ -48,3 +48,29 @@ def test_changes_damaged_on_disk_leave_the_whole_checkpoint_used_and_say_so(tmp_
     data = checkpoints.load(str(tmp_path), 0)
     assert data["low_water"] == 4000 and data["partitions"] == [["t", 0, {"frontier": 9}]]
     assert "checkpoint changes left out" in caplog.text
+
+
+def test_low_waters_asked_every_second_read_a_checkpoint_again_only_once_it_changed(
+        tmp_path, monkeypatch):
+    """The udp_reader asks where its journal may be released every second: the answer is
+    low_water's, as each writer's files change (a whole checkpoint, its changes, damage), and
+    a checkpoint that did not change is not read again (at 10 000 partitions each read
+    parsed 2.6 MB)."""
+    d = str(tmp_path)
+    waters = checkpoints.LowWaters(d, 2)
+    assert waters.get() is None
+    checkpoints.save(d, 0, 5000, [["t", 0, {"frontier": 9}]], 2, 1, sync=False, whole_id="a")
+    assert waters.get() is None  # writer 1 has none yet
+    checkpoints.save(d, 1, 3000, [["t", 1, {"frontier": 4}]], 2, 2, sync=False)
+    assert waters.get() == 3000
+    loads = []
+    real = checkpoints.load
+    monkeypatch.setattr(checkpoints, "load", lambda *a: loads.append(a) or real(*a))
+    assert [waters.get() for _ in range(5)] == [3000] * 5 and loads == []
+    checkpoints.save(d, 1, 7000, [["t", 1, {"frontier": 8}]], 2, 3, sync=False)
+    assert waters.get() == 5000 and loads == [(d, 1)]  # (writer 0's as it was)
+    checkpoints.save_changes(d, 0, "a", 6000, [["t", 0, {"frontier": 12}]], [], 4, sync=False)
+    assert waters.get() == 6000 and loads == [(d, 1), (d, 0)]
+    assert checkpoints.low_water(d, 2) == 6000
+    (tmp_path / "checkpoint-1.json").write_text("{not json")
+    assert waters.get() is None  # replay everything rather than guess

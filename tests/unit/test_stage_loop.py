@@ -2,6 +2,7 @@
 a stage declares its inputs, timers and replay request, and the loop hands it typed messages,
 keeps its deadlines, asks for the replay, and stops it the way the supervisor's drain expects."""
 
+import signal
 import socket
 import tempfile
 import time
@@ -14,7 +15,7 @@ from diode.runtime.loop import Timer, Timers
 from diode.runtime.metrics import Metrics
 from diode.runtime.topology import from_dict
 from diode.runtime.wiring import WorkerSpec
-from diode.runtime.worker import Secrets, Stage, StageContext
+from diode.runtime.worker import Secrets, Stage, StageContext, Wakeup
 from tests.conftest import free_port
 
 
@@ -25,7 +26,7 @@ def zctx():
     ctx.destroy(linger=0)
 
 
-def context(zctx, incarnation=1):
+def context(zctx, incarnation=1, wakeup=None):
     t = from_dict({
         "link": {"port": free_port(socket.SOCK_DGRAM), "bind.address": "127.0.0.1"},
         "security": {"password.env": "X", "salt": "salt"},
@@ -34,7 +35,7 @@ def context(zctx, incarnation=1):
                      "journal.dir": tempfile.mkdtemp(prefix="diode-test-journal-")},
     })
     return StageContext(t, WorkerSpec("receiver", "unpacker", 0, ()), "inproc", Secrets(0, None),
-                        zctx, Metrics({"stage": "unpacker"}), incarnation)
+                        zctx, Metrics({"stage": "unpacker"}), incarnation, wakeup=wakeup)
 
 
 class Recorder(Stage):
@@ -67,8 +68,8 @@ class Recorder(Stage):
         return False
 
 
-def opened(zctx, cls=Recorder):
-    s = cls(context(zctx))
+def opened(zctx, cls=Recorder, wakeup=None):
+    s = cls(context(zctx, wakeup=wakeup))
     s.open()
     return s, transport.push(zctx, ["inproc://loop-test-in"], 100)
 
@@ -160,3 +161,32 @@ def test_a_restarted_stage_asks_for_its_replay_again_until_answered(zctx):
     s.replay_request.ask_again = 0.0
     s.step()
     assert not asks.poll(50)
+
+
+class Idle(Recorder):
+    """Waits for input as long as an idle stage may, and longer."""
+
+    def before_input(self, now):
+        self.did.append("before")
+        return 30_000
+
+
+def test_a_signal_ends_an_idle_wait_for_input_at_once(zctx):
+    """An idle stage waits long for input (Stage.IDLE_WAIT_MS): a signal (the supervisor's
+    SIGTERM, SIGUSR1, SIGHUP) must end the wait, through the worker's Wakeup pipe, so the
+    worker acts on it at once, not at the end of the wait."""
+    got = []
+    before = signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
+    wakeup = Wakeup()
+    try:
+        s, _ = opened(zctx, Idle, wakeup.fd)
+        s.metrics.interval = 3600.0  # (a wait ends when the metrics are due, too: not here)
+        s.metrics.maybe_write()
+        signal.raise_signal(signal.SIGUSR1)
+        began = time.monotonic()
+        assert s.step()
+        assert got == [signal.SIGUSR1] and time.monotonic() - began < 10  # (not 30 s)
+        wakeup.clear()
+    finally:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGUSR1, before)
