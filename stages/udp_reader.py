@@ -25,10 +25,7 @@ Messages to an unpacker (diode.runtime.messages):
   has been forwarded in this message stream. Writers measure the reorder wait on this clock, so
   a queue or a dead worker downstream never turns into a false gap, and checkpoint up to the
   position. No mark goes out while a replay is under way; one goes every MARK_SECONDS while
-  datagrams are forwarded; while none are (the clock alone moves), one when the reorder wait
-  (receiver.reorder.wait.ms) of datagrams forwarded has run out on that clock, within
-  IDLE_MARK_SECONDS (a writer reports what they left missing then), and otherwise one every
-  QUIET_MARK_SECONDS;
+  datagrams are forwarded, every IDLE_MARK_SECONDS while none are (the clock alone moves);
 - Notice(started): a replay started at `started`; a worker that asked for a replay before
   then has its lost input coming.
 
@@ -47,7 +44,6 @@ first start has lost nothing: what was sent to it waited for it). Without a jour
 """
 
 import errno
-import math
 import socket
 import time
 from collections import deque
@@ -62,9 +58,7 @@ from diode.runtime.worker import Stage as BaseStage
 
 BATCH_DATAGRAMS = 64          # per unpacker per message
 MARK_SECONDS = 0.02           # marks at least this often while traffic flows
-IDLE_MARK_SECONDS = 0.1       # nothing more forwarded: a reorder wait's end is marked this late
-QUIET_MARK_SECONDS = 0.5      # at most; and the clock moved at least this often (_mark_due)
-DEADLINES_MAX = 1024          # reorder waits' ends kept to be marked (IDLE_MARK_SECONDS apart)
+IDLE_MARK_SECONDS = 0.1       # and this often while nothing more was forwarded (the clock alone)
 HOUSEKEEPING_SECONDS = 1.0    # journal release, metrics
 TIMES_MAX = 100_000           # (position, clock) entries kept for datagrams not yet forwarded
 MAX_DATAGRAM = path.DATAGRAM_BUFFER
@@ -124,10 +118,10 @@ class Stage(BaseStage):
     # A head stage: what comes after a stop is not read (what is journaled and not forwarded
     # goes on at the next start).
     TAKES_INPUT_WHILE_STOPPING = False
-    # An idle turn's wait, at most: its timers are the marks (the next one due: before_input)
-    # and the housekeeping; a datagram, a replay asked for, or room in an unpacker that was
-    # behind ends the wait (_wait).
-    POLL_MS = round(QUIET_MARK_SECONDS * 1000)
+    # An idle turn's wait: its timers are the marks (every IDLE_MARK_SECONDS while nothing is
+    # forwarded) and the housekeeping; a datagram, a replay asked for, or room in an unpacker
+    # that was behind ends the wait (_wait).
+    POLL_MS = round(IDLE_MARK_SECONDS * 1000)
 
     @classmethod
     def prepare(cls, t, log) -> dict:
@@ -194,9 +188,6 @@ class Stage(BaseStage):
         self.replay_end = 0               # positions below it are forwarded as replayed
         self.replay_started = 0.0
         self.marked = None                # Read: the last mark's position and when it went
-        # when the reorder wait of datagrams forwarded ends (this clock), to be marked
-        self.deadlines: deque = deque()
-        self.reorder_wait = self.t.receiver.reorder_wait_ms / 1000
         self.journal_failing = False
         self.retry_at = 0.0               # when a failing journal is tried again
         self.full_since = None
@@ -225,9 +216,7 @@ class Stage(BaseStage):
             return 0
         if self.marked is None or self.marked.position != self.cursor:
             return round(MARK_SECONDS * 1000)  # (a mark is due for what went on)
-        due = max(self.marks.due, min(self.marked.clock + QUIET_MARK_SECONDS,  # (_mark_due)
-                                      self.deadlines[0] if self.deadlines else float("inf")))
-        return max(1, min(self.POLL_MS, math.ceil((due - now) * 1000)))
+        return self.POLL_MS
 
     def poll_input(self, wait_ms: int) -> list:
         """The socket is this stage's input: the turn's batch (_receive), after waiting up to
@@ -376,7 +365,6 @@ class Stage(BaseStage):
             if frames:
                 lengths, body = transport.join(frames)
                 out.put([Data(replayed, positions, seen, lengths).encode(), body])
-        self._deadline(seen + self.reorder_wait)
         if replayed:
             self.metrics.inc("replayed_datagrams", len(items))
 
@@ -421,29 +409,17 @@ class Stage(BaseStage):
         if self.reading is None:
             self.cursor = max(self.cursor, self.reading_end)
 
-    def _deadline(self, when: float) -> None:
-        """Datagrams forwarded, read at `when` less the reorder wait: a writer may hold their
-        records, or their heartbeats' claims, until its clock reaches `when` (its partition's
-        wait may have grown past receiver.reorder.wait.ms: QUIET_MARK_SECONDS then)."""
-        deadlines = self.deadlines
-        if (not deadlines or when - deadlines[-1] >= IDLE_MARK_SECONDS) and \
-                len(deadlines) < DEADLINES_MAX:
-            deadlines.append(when)
-
     def _mark_due(self, now: float) -> None:
         """The marks' timer: a mark when the unpackers have room and no replay is under way,
         else at the first turn it can go (a stopping reader's last mark is `finish`'s). While
-        nothing more was forwarded, a mark only moves the writers' clock, which they need only
-        to see a reorder wait run out: one goes when the wait of datagrams forwarded has (a
-        deadline), and one every QUIET_MARK_SECONDS otherwise, not at every turn (each woke
-        every unpacker and every writer: the idle receiver's turns)."""
+        nothing more was forwarded, a mark only moves the writers' clock: one goes every
+        IDLE_MARK_SECONDS, not at every turn (each woke every unpacker and every writer: the
+        idle receiver's turns)."""
         if self.stopping:
             return
-        deadlines = self.deadlines
         if self.marked is not None and self.marked.position == self.cursor and \
-                now - self.marked.clock < QUIET_MARK_SECONDS and \
-                not (deadlines and now >= deadlines[0]):
-            return  # (nothing forwarded since the last mark, no wait ends: only the clock)
+                now - self.marked.clock < IDLE_MARK_SECONDS:
+            return  # (nothing forwarded since the last mark: only the clock would move)
         if not (all(o.flush() for o in self.outs) and self._mark(now)):
             self.marks.at(now)
 
@@ -464,8 +440,6 @@ class Stage(BaseStage):
             if not out.full:
                 out.put([frame])
         self.marked = Read(self.cursor, now)
-        while self.deadlines and self.deadlines[0] <= seen:  # (the clock is past them)
-            self.deadlines.popleft()
         return True
 
     # -- replays ---------------------------------------------------------------------------------

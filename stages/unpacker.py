@@ -58,7 +58,7 @@ class ToWriter:
 class Stage(BaseStage):
     # A turn's wait while datagrams are held for reassembly or FEC: its timer that gives them
     # up is a half-second one (and the reader's marks wake it, every
-    # udp_reader.QUIET_MARK_SECONDS at least while the link is in use); with none held,
+    # udp_reader.IDLE_MARK_SECONDS at least while the link is in use); with none held,
     # IDLE_WAIT_MS.
     POLL_MS = 250
 
