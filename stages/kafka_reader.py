@@ -342,13 +342,19 @@ class Stage(BaseStage):
         for tp in read:
             if tp not in self.assigned:
                 continue
-            try:
-                high = self.consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)[1]
-            except KafkaException:
-                continue  # (nothing fetched yet)
-            if high >= 0:
-                highs[tp] = high
+            marks = self._fetched(tp)
+            if marks is not None:
+                highs[tp] = marks[1]
         return highs
+
+    def _fetched(self, tp: tuple) -> tuple | None:
+        """(log start, end) of a partition as this reader's last fetch of it saw them (no
+        request is made); None when it was not fetched yet."""
+        try:
+            lo, hi = self.consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
+        except KafkaException:
+            return None
+        return (lo, hi) if lo >= 0 and hi >= 0 else None
 
     def _marks(self) -> dict:
         """(topic, partition) -> (log start, end) of each partition read, as this reader's own
@@ -365,12 +371,9 @@ class Stage(BaseStage):
         n, until = len(order), time.monotonic() + MARKS_SECONDS
         for i in range(n):
             tp = order[(self.marks_turn + i) % n]
-            try:
-                lo, hi = self.consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
-            except KafkaException:
-                lo = hi = -1
-            if lo >= 0 and hi >= 0:
-                self.marks[tp] = (lo, hi)
+            marks = self._fetched(tp)
+            if marks is not None:
+                self.marks[tp] = marks
             else:
                 self.marks.pop(tp, None)
             if time.monotonic() >= until:

@@ -185,9 +185,8 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         # A signal (a worker's exit: SIGCHLD; a stop, a reload) ends the watch's wait at once
         # (_nap): the watch need not turn often to see them.
-        self._wakeup, wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wakeup = worker.Wakeup()
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-        signal.set_wakeup_fd(wakeup_write, warn_on_full_buffer=False)
         code = 0
         launches.write_status(self.run_dir, self.status())
         try:
@@ -215,10 +214,8 @@ class Supervisor:
                      len(self.workers), self.run_dir)
             code = self._watch()
         finally:
-            signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            os.close(self._wakeup)
-            os.close(wakeup_write)
+            self._wakeup.close()
             self._drain()
             for proc in self.exporters.values():
                 proc.terminate()
@@ -284,12 +281,8 @@ class Supervisor:
         until = min([self._next_status, now + WATCH_SECONDS] +
                     [w.restart_at for w in self.workers
                      if w.restart_at is not None and w.state in (State.BACKOFF, State.EXITED)])
-        if until > now and select.select([self._wakeup], [], [], until - now)[0]:
-            try:
-                while os.read(self._wakeup, 512):
-                    pass
-            except BlockingIOError:
-                pass
+        if until > now and select.select([self._wakeup.fd], [], [], until - now)[0]:
+            self._wakeup.clear()
 
     def _reload(self) -> None:
         """SIGHUP: the receiver's keys from the topology file's `security` section, as it is

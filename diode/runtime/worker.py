@@ -420,6 +420,12 @@ class Wakeup:
         except BlockingIOError:
             pass
 
+    def close(self) -> None:
+        """No more wake-ups (the supervisor's, as its watch ends)."""
+        signal.set_wakeup_fd(-1)
+        os.close(self.fd)
+        os.close(self._write)
+
 
 def stage_class(stage_type: str):
     """The class that runs a stage type of the topology: stages.<type>.Stage."""
