@@ -33,6 +33,7 @@ from diode.link.path import ETHERNET_DATAGRAM, MAX_AUTO
 from diode.runtime.topology import PIPELINES, SIDES
 
 WARMUP_SECONDS = 4.0
+REWRITE_WAIT_SECONDS = 5.0  # the most a sample waits for the workers' metrics to be written
 FIRST_RECORD_SECONDS = 60.0  # the most a window waits for its first record to be written
 MEASURE_SECONDS = 10.0
 PARTITIONS = 8
@@ -351,11 +352,17 @@ class Bench:
             while written.sample()["records"] <= 0 and time.monotonic() < deadline:
                 time.sleep(0.5)
             time.sleep(warmup)
-            before = (_worker_cpu(launches), dict(written.sample()), dict(sent.sample()),
-                      time.monotonic())
+            # Each sample is taken just after the counted workers wrote their metrics (about
+            # once a second, later on a busy machine): a window read between two writes would
+            # count none of its records (a 1 s window between writes 1.2 s apart: "no record
+            # crossed"), and its length is the writer's, between the two writes it counts.
+            counted = [(self.work / f"run-{n}-receiver", "kafka_writer"),
+                       (self.work / f"run-{n}-sender", "udp_sender")]
+            at = _rewritten(counted, time.time())
+            before = (_worker_cpu(launches), dict(written.sample()), dict(sent.sample()), at)
             time.sleep(seconds)
-            after = (_worker_cpu(launches), dict(written.sample()), dict(sent.sample()),
-                     time.monotonic())
+            at = _rewritten(counted, time.time())
+            after = (_worker_cpu(launches), dict(written.sample()), dict(sent.sample()), at)
         finally:
             if flow is not None:
                 flow.stop(timeout=5)
@@ -381,6 +388,30 @@ class Bench:
                       int(after[2]["bytes"] - before[2]["bytes"]),
                       int(after[1]["missing_records"] - before[1]["missing_records"]),
                       cpu, worker_cpu)
+
+
+def _rewritten(counted: list, since: float, limit: float = REWRITE_WAIT_SECONDS) -> float:
+    """Wait until the metrics file of every worker of `counted` ((run dir, stage) each) was
+    written at or after `since` (time.time()), `limit` seconds at most; when the kafka_writers'
+    last was written (time.time()), else `since`."""
+    deadline = time.monotonic() + limit
+    while True:
+        times = {stage: _written_at((run_dir / "metrics").glob(f"*-{stage}-*.prom"))
+                 for run_dir, stage in counted}
+        if all(t and min(t) >= since for t in times.values()) or time.monotonic() >= deadline:
+            return max(times.get("kafka_writer") or [since])
+        time.sleep(0.02)
+
+
+def _written_at(paths) -> list:
+    """When each of `paths` was last written (time.time()); one replaced meanwhile is left out."""
+    out = []
+    for path in paths:
+        try:
+            out.append(path.stat().st_mtime)
+        except FileNotFoundError:
+            pass
+    return out
 
 
 def _worker_cpu(launches: dict) -> dict:

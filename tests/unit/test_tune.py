@@ -2,6 +2,7 @@
 target with every core under the limit, the UDP reader alone on a core away from the NIC's
 interrupts, and, when the target cannot be met, the highest rate that can and what stops it."""
 
+import time
 import pytest
 import yaml
 
@@ -341,3 +342,33 @@ def test_a_machine_whose_cores_other_work_holds_at_the_limit_fits_no_rate_and_sa
                                   "keep every core this process may use at or over 60% (0: "
                                   "90%, 1: 75%); run diode tune when they are done, or on the "
                                   "host the side will run on")
+
+
+def test_a_window_is_sampled_after_the_workers_metrics_are_written_again(tmp_path):
+    """A measured window counts the records of the metrics files written in it: a sample read
+    before the workers wrote theirs again (about once a second, later on a busy machine) would
+    see the same count twice, and a 1 s window "no record crossed" (issue 36's CI)."""
+    import os
+    import threading
+    from diode.tune.measure import _rewritten
+    receiver, sender = tmp_path / "run-receiver", tmp_path / "run-sender"
+    files = [receiver / "metrics" / "receiver-kafka_writer-0.prom",
+             receiver / "metrics" / "receiver-kafka_writer-1.prom",
+             sender / "metrics" / "sender-udp_sender-0.prom"]
+    for f in files:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("old\n")
+        os.utime(f, (time.time() - 0.6, time.time() - 0.6))
+    since = time.time()
+
+    def write_each_later():
+        for f in files:
+            time.sleep(0.15)
+            f.write_text("new\n")
+    t = threading.Thread(target=write_each_later)
+    t.start()
+    at = _rewritten([(receiver, "kafka_writer"), (sender, "udp_sender")], since, limit=5)
+    seen = [f.read_text() for f in files]  # (as a sample then would read them)
+    t.join()
+    assert seen == ["new\n"] * 3, "sampled before every worker wrote its metrics again"
+    assert since <= at == max(os.stat(f).st_mtime for f in files[:2])
