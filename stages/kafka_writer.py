@@ -23,6 +23,7 @@ only in the partitions with something waiting), and hands each job to its room (
 - diode.writer.held: which partitions have something waiting (what the expiry timer looks at),
   and the duplicates, records waiting and open tickets over all, kept as partitions change;
 - diode.writer.link_watch (writer 0): the sender's heartbeats, a silent link, a clean stop;
+- diode.writer.stall: a producer that sends nothing while the destination answers (a timer);
 - diode.writer.source_view: the source's lag and risk, expired ranges, digests, and (writer 0)
   the source's metadata handed to the sync (diode.kafka.metasync).
 
@@ -78,6 +79,7 @@ from diode.writer.link_watch import LinkWatch
 from diode.writer.recovery import Recovery
 from diode.writer.reporter import Reporter
 from diode.writer.source_view import SourceView
+from diode.writer import stall
 
 MAX_BACKLOG_RECORDS = 20000  # records decoded and waiting for the producer; past it, no input
 MAX_EVENTS = 20000           # events (missing ranges, dead letters) waiting; past it, no input
@@ -146,6 +148,9 @@ class Stage(BaseStage):
         self.replays(n)
         self.listen(self.input, self._batch, Batch.decode, INPUT_MESSAGES)
         self.every(EXPIRE_SECONDS, self._expire_waiting)
+        # a producer that sends nothing while its destination answers (diode.writer.stall)
+        self.watch = stall.ProducerWatch(self.dest, self.log, self.metrics, self.durable)
+        self.every(stall.LOOK_SECONDS, self._watch_producer)
 
     def destination(self, topic: str) -> str:
         """A source topic's destination topic (asked for every run: kept once made)."""
@@ -236,6 +241,12 @@ class Stage(BaseStage):
                 or self._held_back(now):
             return
         self._expire(clock)  # (a pass over the busy partitions)
+
+    def _watch_producer(self, now: float) -> None:
+        """The timer (every stall.LOOK_SECONDS); not once stopping (finish says what the
+        destination did not confirm)."""
+        if self.finish_by is None:
+            self.watch.look(now)
 
     def finish(self, now):
         """Stopping and nothing more is coming: write what can be written (what waits for its

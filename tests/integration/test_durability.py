@@ -131,9 +131,26 @@ def settled(stream, dst, total: int, receiver, **audit_options):
     stream.join()
     a = audit(dst, total, **audit_options)
     out = receiver.output()
-    assert not a.silent(total), f"lost silently: {a.summary(total)}\n{out[-5000:]}"
+    assert not a.silent(total), \
+        f"lost silently: {a.summary(total)}\n{writers(receiver)}\n{own_lines(out)}"
     assert a.duplicates == 0, f"written twice: {a.summary(total)}"
     return a, out
+
+
+def own_lines(out: str, chars: int = 5000) -> str:
+    """The end of a side's log without librdkafka's own lines (a broker down fills it with
+    "Connection refused"), for a failure's message."""
+    return "\n".join(line for line in out.splitlines() if not line.startswith("%"))[-chars:]
+
+
+def writers(receiver) -> str:
+    """Each kafka_writer's counts as its metrics last said, for a failure's message: which
+    one held records back, and where."""
+    from diode.runtime import launches
+    names = ("records", "backlog_records", "pending_records", "checkpoints")
+    return "; ".join(f"{w}: " + ", ".join(f"{n} {v:.0f}" for n, v in counts.items())
+                     for w, counts in sorted(launches.worker_counters(
+                         receiver.run_dir, names, "kafka_writer").items()))
 
 
 def written_some(receiver, timeout: float = 60) -> None:
@@ -236,7 +253,9 @@ def test_destination_down_for_a_minute_loses_nothing_and_restarts_nothing(tmp_pa
     dst.start()
     a, out = settled(stream, dst, total, receiver, timeout=180)
     assert not a.missing, a.summary(total) + "\n" + out[-5000:]
-    assert "restart 1 of" not in out, out[-5000:]
+    # (but for a writer whose producer stayed stuck after the outage, started afresh on
+    # purpose: diode.writer.stall; it loses nothing, as the audit above shows)
+    assert "restart 1 of" not in out or "starting this writer afresh" in out, own_lines(out)
     assert held > 0, "the outage never backed up into the journal"
     assert "the link, the sender or its source cluster is down" not in out
     assert sender.stop() == 0 and receiver.stop() == 0
