@@ -123,8 +123,9 @@ def holdings(settings: dict, wanted: dict[str, set], missing_topic: str | None =
         chunks = {key: s.first() for key, s in scans.items()}
         chunks.update((key, (start, None)) for key, start in starts.items())
         asked_at = time.monotonic()
+        empty = {key for key in [*pending, *reported_parts] if marks[key][0] == marks[key][1]}
         while chunks:
-            stuck = r.read(chunks, take)
+            stuck = r.read(chunks, take, empty=empty)
             if stuck:  # (read again on their own: a broker under load may have starved them)
                 stuck = r.read({k: c for k, c in chunks.items() if k[0] in stuck}, take,
                                again=True)
@@ -230,7 +231,8 @@ def all_events(settings: dict, missing_topic: str,
         if failed:
             raise DiodeError(f"destination cluster {r.where}: topic {missing_topic}: "
                              f"{failed[missing_topic]}")
-        if r.read({key: (marks[key][0], None) for key in parts}, take):
+        if r.read({key: (marks[key][0], None) for key in parts}, take,
+                  empty={key for key in parts if marks[key][0] == marks[key][1]}):
             raise r.unreachable(f"reading {missing_topic}", "its partitions do not answer")
     if skipped:
         log.warning("%s: %d record(s) are not events; ignored", missing_topic, skipped)
@@ -383,13 +385,15 @@ class _Reader:
         return self._offsets(keys, OffsetSpec.for_timestamp(ms),
                              f"looking up the offsets at {ms} ms")
 
-    def read(self, chunks: dict, take, again: bool = False) -> set:
+    def read(self, chunks: dict, take, again: bool = False, empty=frozenset()) -> set:
         """Read each partition's chunk, (topic, partition) -> (start, end): to `end`
         (exclusive), or with end None to the true end, calling take((topic, partition),
         messages) with its records in order; all of them with one assignment, and the wait
-        for the true end once. Returns the topics of the partitions that never answered while
-        others did (or, `again`: the partitions of a read where others answered); DiodeError
-        when none answered within the timeout."""
+        for the true end once, unless every partition read to its end is in `empty` (listed
+        with its log start at its end: empty for Apache Kafka and Tansu alike) and none of them
+        gave a record. Returns the topics of the partitions that never answered while others
+        did (or, `again`: the partitions of a read where others answered); DiodeError when
+        none answered within the timeout."""
         c = self.consumer
         if self.paused:  # before assign(): a resume after it would not wake the fetcher
             c.resume(self.paused)
@@ -417,9 +421,13 @@ class _Reader:
             before = len(open_)
             error = self._take(msgs, chunks, pos, open_, take) or error
             answered = answered or len(open_) < before or any(m.error() is None for m in msgs)
-        if to_end:
-            # Past every partition EOF, until nothing comes for a moment: the true end. What a
-            # running writer keeps adding after QUIET_MAX is not waited for.
+        if to_end and any(end is None and (key not in empty or pos[key] != start)
+                          for key, (start, end) in chunks.items()):
+            # Past every partition EOF, until nothing comes for a moment: the true end (Tansu's
+            # listed end is its last batch's first offset + 1, and its end of partition may come
+            # there). What a running writer keeps adding after QUIET_MAX is not waited for. A
+            # partition listed empty has no last batch: its end of partition is its end (a
+            # writer's first start on empty topics waited QUIET for nothing).
             until = time.monotonic() + QUIET_MAX
             unbounded = {k: (s, e) for k, (s, e) in chunks.items() if e is None}
             while msgs := c.consume(BATCH, QUIET):
