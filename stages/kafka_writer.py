@@ -61,11 +61,12 @@ waits the same way, up to its drain time, for everything to be acknowledged (fin
 """
 
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 
 from diode.runtime import transport
 from diode.kafka import identity
 from diode.errors import RejectedDatagram
-from diode.kafka.clients import client_settings, producer_config
+from diode.kafka.clients import admin_config, client_settings, producer_config
 from diode.kafka.metasync import MetadataSync, pins
 from diode.kafka.preparer import Preparer, TopicAnswer
 from diode.accounting.ordering import PartitionState, SourcePartition
@@ -149,7 +150,8 @@ class Stage(BaseStage):
         self.listen(self.input, self._batch, Batch.decode, INPUT_MESSAGES)
         self.every(EXPIRE_SECONDS, self._expire_waiting)
         # a producer that sends nothing while its destination answers (diode.writer.stall)
-        self.watch = stall.ProducerWatch(self.dest, self.log, self.metrics, self.durable)
+        self.watch = stall.ProducerWatch(self.dest, self.log, self.metrics, self.durable,
+                                         lambda: AdminClient(admin_config(kafka)))
         self.every(stall.LOOK_SECONDS, self._watch_producer)
 
     def destination(self, topic: str) -> str:

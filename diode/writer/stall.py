@@ -12,8 +12,9 @@ message.timeout.ms 0 nothing ever fails). Nothing outside the producer can move 
 on, and nothing in it tells the writer, so the writer watches for it:
 
 the producer holds records and has had none acknowledged since QUIET_SECONDS, and its
-destination has answered a metadata request (through that producer: its brokers are reachable
-from it) at every look for STALL_SECONDS since. A durable writer then stops with an error
+destination has answered at every look for STALL_SECONDS since (a DescribeCluster request from
+an admin client of the watch's own, asked at one look and its answer taken at the next: the
+loop never waits on it). A durable writer then stops with an error
 (ProducerStalled): the supervisor starts it again, with a new producer, and the restarted writer
 reads what the destination holds and has the journal replay what its last checkpoint did not
 cover (diode.writer.recovery), as after a kill: nothing is lost or written twice. Without a
@@ -28,14 +29,12 @@ nothing by it.
 
 import time
 
-from confluent_kafka import KafkaException
-
 from diode.errors import DiodeError
 
 LOOK_SECONDS = 10.0    # how often the producer's progress is looked at (a timer of the writer)
 QUIET_SECONDS = 30.0   # no acknowledgement this long while it holds records: is the cluster up?
 STALL_SECONDS = 60.0   # ... and the cluster answering this long since: the producer is stuck
-ANSWER_TIMEOUT = 2.0   # s: the metadata request that tells whether the destination answers
+ANSWER_TIMEOUT = 5.0   # s: the request that tells whether the destination answers (< a look)
 
 
 class ProducerStalled(DiodeError):
@@ -44,10 +43,14 @@ class ProducerStalled(DiodeError):
 
 class ProducerWatch:
     """`dest`: the writer's diode.writer.destination.Destination (its producer, and the records
-    it accepted); `durable`: whether a journal replays what a restart loses."""
+    it accepted); `durable`: whether a journal replays what a restart loses; `new_admin()`: an
+    AdminClient of the destination, made once a stall is suspected and kept (one dropped
+    while a request is out is destroyed from librdkafka's own thread)."""
 
-    def __init__(self, dest, log, metrics, durable: bool):
+    def __init__(self, dest, log, metrics, durable: bool, new_admin):
         self.dest, self.log, self.metrics, self.durable = dest, log, metrics, durable
+        self.new_admin, self.admin = new_admin, None
+        self.asked = None              # the DescribeCluster of the last look (a Future)
         self.acknowledged = 0          # as at the last look
         self.moved_at = time.monotonic()  # when it last held nothing or had more acknowledged
         self.answering_since = None    # since when the destination answered at every look
@@ -61,6 +64,7 @@ class ProducerWatch:
         acknowledged = dest.produced - held
         if not held or acknowledged != self.acknowledged:
             self.acknowledged, self.moved_at, self.answering_since = acknowledged, now, None
+            self.asked = None
             return
         if now - self.moved_at < QUIET_SECONDS:
             return
@@ -83,8 +87,13 @@ class ProducerWatch:
             self.log.error("%s; without a journal a restart would lose them: waiting", why)
 
     def _answers(self) -> bool:
+        """Whether the destination answered the request of the last look; asks again."""
+        asked = self.asked
+        answered = asked is not None and asked.done() and asked.exception() is None
+        if self.admin is None:
+            self.admin = self.new_admin()
         try:
-            md = self.dest.producer.list_topics(timeout=ANSWER_TIMEOUT)
-        except KafkaException:
-            return False
-        return bool(md.brokers)
+            self.asked = self.admin.describe_cluster(request_timeout=ANSWER_TIMEOUT)
+        except Exception:  # noqa: BLE001 - (refused locally: no answer this time)
+            self.asked = None
+        return answered

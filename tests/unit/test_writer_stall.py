@@ -2,6 +2,7 @@
 answers starts afresh (durable), and waits out an outage however long."""
 
 import logging
+from concurrent.futures import Future
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -12,19 +13,29 @@ from diode.writer.stall import ProducerStalled, ProducerWatch
 
 
 class Producer:
-    """What the watch asks of a confluent_kafka.Producer: how many records it holds, and
-    whether its brokers answer a metadata request."""
+    """What the watch asks of a confluent_kafka.Producer: how many records it holds."""
 
     def __init__(self):
-        self.held, self.up = 0, True
+        self.held = 0
 
     def __len__(self):
         return self.held
 
-    def list_topics(self, timeout):
-        if not self.up:
-            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "all brokers are down"))
-        return type("Metadata", (), {"brokers": {1: "127.0.0.1:9092"}})()
+
+class Admin:
+    """An AdminClient of a destination that is up or not: its DescribeCluster answered by the
+    time the watch looks again, or failed."""
+
+    def __init__(self):
+        self.up, self.made = True, 0
+
+    def describe_cluster(self, request_timeout):
+        f = Future()
+        if self.up:
+            f.set_result("cluster")
+        else:
+            f.set_exception(KafkaException(KafkaError(KafkaError._TRANSPORT, "all brokers down")))
+        return f
 
 
 class Dest:
@@ -33,9 +44,14 @@ class Dest:
 
 
 def watched(durable=True):
-    dest = Dest()
+    dest, admin = Dest(), Admin()
     metrics = Metrics({"side": "receiver", "stage": "kafka_writer", "index": "0"}, None)
-    return dest, ProducerWatch(dest, logging.getLogger("test"), metrics, durable), metrics
+
+    def new_admin():
+        admin.made += 1
+        return admin
+    watch = ProducerWatch(dest, logging.getLogger("test"), metrics, durable, new_admin)
+    return dest, watch, metrics, admin
 
 
 def looks(watch, start, end):
@@ -46,7 +62,7 @@ def looks(watch, start, end):
 
 
 def test_a_producer_stuck_while_its_destination_answers_starts_the_writer_afresh():
-    dest, watch, metrics = watched()
+    dest, watch, metrics, admin = watched()
     dest.produced, dest.producer.held = 5000, 2000  # 3 000 written, then none
     looks(watch, 0, stall.QUIET_SECONDS + stall.STALL_SECONDS - stall.LOOK_SECONDS)
     with pytest.raises(ProducerStalled, match="2000 record"):
@@ -55,29 +71,31 @@ def test_a_producer_stuck_while_its_destination_answers_starts_the_writer_afresh
 
 
 def test_an_outage_is_waited_out_however_long_and_the_wait_starts_again_when_it_ends():
-    dest, watch, _ = watched()
+    dest, watch, _, admin = watched()
     dest.produced, dest.producer.held = 5000, 2000
-    dest.producer.up = False
+    admin.up = False
     looks(watch, 0, 3600)  # an hour down: nothing to restart for
-    dest.producer.up = True
+    admin.up = True
     back = 3600 + stall.LOOK_SECONDS
     looks(watch, back, back + stall.STALL_SECONDS - stall.LOOK_SECONDS)  # reconnecting
     with pytest.raises(ProducerStalled):
         looks(watch, back + stall.STALL_SECONDS, back + 1000)
+    assert admin.made == 1
 
 
 def test_a_producer_that_writes_slowly_or_holds_nothing_is_never_stuck():
-    dest, watch, _ = watched()
+    dest, watch, _, admin = watched()
     dest.produced, dest.producer.held = 5000, 2000
     for i in range(1000):  # one record acknowledged every look
         dest.producer.held = 2000 - i
         watch.look(i * stall.LOOK_SECONDS)
     dest.producer.held = 0
     looks(watch, 1000 * stall.LOOK_SECONDS, 2000 * stall.LOOK_SECONDS)  # idle
+    assert admin.made == 0  # (nothing suspected: the destination never asked)
 
 
 def test_without_a_journal_the_stall_is_said_and_waited_out(caplog):
-    dest, watch, _ = watched(durable=False)
+    dest, watch, _, admin = watched(durable=False)
     dest.produced, dest.producer.held = 5000, 2000
     with caplog.at_level(logging.ERROR):
         looks(watch, 0, 600)
