@@ -51,13 +51,15 @@ heartbeats, dead letters) wait in a bounded queue of their own, never in a loop.
 
 The loop never waits on the destination (the stage contract, diode.runtime.worker): a
 Preparer thread (diode.kafka.preparer) learns each destination topic's partition count, creating
-the topic, and reads what the destination holds for a restart, each with clients of its own, and
-hands the answers back. Meanwhile the records of that topic or source topic wait in the backlog
-(or with the runs waiting for recovery), in their order, counted in backlog_records: past
-MAX_BACKLOG_RECORDS the writer takes no more input, so waiting holds the pipeline back and drops
-nothing. A checkpoint's flush, and the acknowledgement of missing ranges before the records after
-them, are waited for a moment per turn (FLUSH_STEP_SECONDS) with no input taken meanwhile; a stop
-waits the same way, up to its drain time, for everything to be acknowledged (finish).
+the topic, and which of its partitions take records yet (a new partition's leader may not have
+made its log), and reads what the destination holds for a restart, each with clients of its
+own, and hands the answers back. Meanwhile the records of that topic, partition or source topic
+wait in the backlog (or with the runs waiting for recovery), in their order, counted in
+backlog_records: past MAX_BACKLOG_RECORDS the writer takes no more input, so waiting holds the
+pipeline back and drops nothing. A checkpoint's flush, and the acknowledgement of missing ranges
+before the records after them, are waited for a moment per turn (FLUSH_STEP_SECONDS) with no
+input taken meanwhile; a stop waits the same way, up to its drain time, for everything to be
+acknowledged (finish).
 """
 
 from confluent_kafka import Producer
@@ -68,7 +70,7 @@ from diode.kafka import identity
 from diode.errors import RejectedDatagram
 from diode.kafka.clients import admin_config, client_settings, producer_config
 from diode.kafka.metasync import MetadataSync, pins
-from diode.kafka.preparer import Preparer, TopicAnswer
+from diode.kafka.preparer import PartitionsReady, Preparer, TopicAnswer
 from diode.accounting.ordering import PartitionState, SourcePartition
 from diode.link.records import partition_owner
 from diode.link.runs import Run
@@ -187,7 +189,8 @@ class Stage(BaseStage):
         producer's queue is full, none when the backlog can be produced now, else POLL_MS."""
         dest = self.dest
         dest.poll()
-        if self.recovery.flushing is None and (dest.asked or self.recovery.asked or
+        if self.recovery.flushing is None and (dest.asked or dest.unready or
+                                               self.recovery.asked or
                                                self.recovery.unrecovered):
             self._prepared()  # (not while a checkpoint's state waits to be saved)
         if self.sync is not None and self.sync.busy:
@@ -411,6 +414,9 @@ class Stage(BaseStage):
         for answer in self.preparer.take():
             if isinstance(answer, TopicAnswer):
                 self.dest.topic_answered(answer)
+                continue
+            if isinstance(answer, PartitionsReady):
+                self.dest.partitions_ready(answer)
                 continue
             for item in self.recovery.recovered_by(answer, self._clock()):
                 if isinstance(item, Run):

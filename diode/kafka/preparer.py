@@ -15,16 +15,21 @@ was busy are answered together (up to TOPICS_PER_LOOK): their metadata in one re
 topics, never the whole cluster's), the missing ones created in one CreateTopics request, so a
 writer whose first records name 2 000 topics waits for a few requests, not for 2 000 of each. A
 topic the cluster refuses is answered with its error; the others of its batch are not held up.
-A topic's first answer waits until its leaders take records: Apache Kafka names a new
-partition's leader in its metadata before the leader has made the partition's log (seconds to
-minutes for 1 000 partitions of a loaded broker), and a producer's records sent meanwhile are
+A topic's partitions are written to only once their leaders take records: Apache Kafka names a
+new partition's leader in its metadata before the leader has made the partition's log (seconds
+to minutes for 1 000 partitions of a loaded broker), and a producer's records sent meanwhile are
 refused ("Not leader for partition") and retried, each refusal holding one of the 5 requests an
 idempotent producer keeps in flight to the broker, so the partitions that were ready waited
 behind those that were not (issue 36: 1 000 partitions created by the writer copied at 0.28 of
-the relay, 0.60 created ahead). The topics waiting so (created, or first asked about) are
-looked at together every SETTLE_POLL, one ListOffsets of all their partitions, while the
-questions asked meanwhile are answered; each is answered as soon as every partition of it
-answers, or after READY_SECONDS all the same (the producer then retries as it would have).
+the relay, 0.60 created ahead). A topic created, or first asked about, is answered as soon as
+its metadata shows it, with the partitions not yet taking records (TopicAnswer.unready); those
+settle: looked at together every SETTLE_POLL, one metadata request for the topics not shown yet
+and ListOffsets of all the partitions settling (OFFSETS_PER_REQUEST a request), while the
+questions asked meanwhile are answered; the partitions that answer are answered ready
+(PartitionsReady) at once, and those still unanswered READY_SECONDS after the topic was asked
+about all the same (the producer then retries as it would have). The writer holds the records of
+an unready partition until then, and writes the others' at once (the topic waited for its
+slowest partition before: startup 8.3 s at 1 000 partitions).
 The loop asks again only once it has the answer, so the questions outstanding are at most one
 per topic. What the destination holds of the source topics a restarted writer met in a turn is
 asked in one question and read together (diode.kafka.recovery.holdings: one consumer, one wait
@@ -52,8 +57,8 @@ log = logging.getLogger("diode.kafka.preparer")
 METADATA_TIMEOUT = 5.0   # s: one topic's metadata
 CREATE_TIMEOUT = 15.0    # s: a topic's creation (the cluster's operation timeout)
 SETTLE_SECONDS = 5.0     # s: a topic just created may show an error in metadata this long
-READY_SECONDS = 15.0     # s: a topic's first answer waits this long at most for its leaders to
-#                          take records (ListOffsets answered for every partition)
+READY_SECONDS = 15.0     # s: a topic's partitions are waited for this long at most to take
+#                          records (ListOffsets answered), then answered ready all the same
 SETTLE_POLL = 0.2        # s: the topics waiting for either are looked at this often
 RECOVERY_TIMEOUT = 5.0   # s: reading what the destination holds (diode.kafka.recovery)
 ANSWERS = 64             # answers waiting for the loop; past it the thread waits
@@ -69,16 +74,26 @@ class TopicAnswer(NamedTuple):
     partitions: int            # its partition count; 0 when not known (error says why)
     created: bool              # created by this question
     error: KafkaError | None   # why it could not be described or created
+    unready: frozenset = frozenset()  # its partitions not taking records yet: each answered
+    #                                   by a PartitionsReady once it does
+
+
+class PartitionsReady(NamedTuple):
+    """Partitions of a destination topic answered with some unready (TopicAnswer.unready) that
+    take records now (their leader answered ListOffsets), or were waited for READY_SECONDS."""
+    topic: str
+    partitions: frozenset
 
 
 class Settling(NamedTuple):
-    """A topic whose answer waits: for its metadata (count 0: just created), then for every
-    partition's leader to take records."""
+    """A topic whose partitions are waited for: its metadata (count 0: just created), then
+    each partition's leader taking records."""
     since: float               # when it started waiting (time.monotonic())
     count: int                 # its partition count; 0 until its metadata shows it
     created: bool              # created by its question
     error: KafkaError | None   # the last error its metadata gave
     waiting: tuple = ()        # its partitions not yet seen taking records (ListOffsets)
+    answered: bool = False     # its TopicAnswer given (with `waiting` unready)
 
 
 class HoldingsAnswer(NamedTuple):
@@ -165,19 +180,24 @@ class Preparer:
 
     def _topic_answers(self, admin, questions: list) -> list:
         """The TopicAnswers to `questions` ((topic, partitions, config) each) that can be
-        given now, and to the topics settling that are ready (or given up); their counts
-        remembered. A failure (a bug) answered all the same: the loop must not wait."""
+        given now, and to the topics settling shown in metadata (or given up), and the
+        PartitionsReady of the partitions settling that take records now (or were waited for
+        READY_SECONDS); their counts remembered. A failure (a bug) answered all the same: the
+        loop must not wait (the partitions settling answered ready, as after READY_SECONDS)."""
         try:
             answers = self._prepare_topics(admin, questions) if questions else []
             answers += self._settle(admin)
         except Exception as exc:
-            asked = [*(q[0] for q in questions), *self._settling]
-            log.exception("asking the destination about %s failed", ", ".join(asked))
-            self._settling.clear()
+            settling, self._settling = self._settling, {}
+            asked = dict.fromkeys(q[0] for q in questions)
+            log.exception("asking the destination about %s failed",
+                          ", ".join(dict.fromkeys([*asked, *settling])))
             error = KafkaError(KafkaError._FAIL, repr(exc))
-            return [TopicAnswer(topic, 0, False, error) for topic in asked]
+            asked.update((t, None) for t, s in settling.items() if not s.answered)
+            return [*(PartitionsReady(t, frozenset(s.waiting)) for t, s in settling.items()
+                      if s.answered), *(TopicAnswer(topic, 0, False, error) for topic in asked)]
         for answer in answers:
-            if answer.partitions:
+            if type(answer) is TopicAnswer and answer.partitions:
                 if answer.topic in self._counts:  # (asked again: its count may be new)
                     self.grown(answer.topic)
                 self._counts[answer.topic] = answer.partitions
@@ -229,8 +249,9 @@ class Preparer:
     def _prepare_topics(self, admin, questions: list) -> list:
         """The TopicAnswers to questions (topic, partitions, config) that can be given now:
         their counts from one metadata request; those with fewer partitions than asked raised;
-        those the cluster refuses or does not answer for told so. Those missing are created
-        together and settle (`_settle`), as does a topic asked about for the first time."""
+        those the cluster refuses or does not answer for told so, each with its partitions
+        still settling (unready). Those missing are created together and settle (`_settle`),
+        as does a topic asked about for the first time, and the partitions a raise adds."""
         wanted = {topic: (partitions, config) for topic, partitions, config in questions}
         answers: list = []
         try:
@@ -245,10 +266,14 @@ class Preparer:
                 self._settling[topic] = Settling(now, count, False, None,
                                                  tuple(range(count)))
             elif count >= partitions:
-                answers.append(TopicAnswer(topic, count, False, None))
+                answers.append(TopicAnswer(topic, count, False, None, self._unready(topic)))
             elif count:
-                answers.append(TopicAnswer(topic, self._grow(admin, topic, count, partitions),
-                                           False, None))
+                grown = self._grow(admin, topic, count, partitions)
+                if grown > count:  # (the partitions added settle as a new topic's do)
+                    s = self._settling.get(topic) or Settling(now, grown, False, None, (), True)
+                    self._settling[topic] = s._replace(
+                        since=now, count=grown, waiting=(*s.waiting, *range(count, grown)))
+                answers.append(TopicAnswer(topic, grown, False, None, self._unready(topic)))
             elif error is not None and error.code() < 0:  # (librdkafka's own: no answer)
                 answers.append(TopicAnswer(topic, 0, False, error))
             else:
@@ -262,12 +287,18 @@ class Preparer:
                 self._settling[topic] = Settling(now, 0, created, None)
         return answers
 
+    def _unready(self, topic: str) -> frozenset:
+        """The partitions of `topic` settling, answered unready (a PartitionsReady follows)."""
+        s = self._settling.get(topic)
+        return frozenset(s.waiting) if s is not None and s.answered else frozenset()
+
     def _settle(self, admin) -> list:
-        """The TopicAnswers of the topics settling that are ready: in metadata (else answered
-        with its error after SETTLE_SECONDS), and every partition answering ListOffsets (its
-        leader has made its log: it takes records), or READY_SECONDS after they were asked
-        about all the same. One metadata request and one ListOffsets for all of them (of the
-        partitions not seen taking records yet)."""
+        """The answers of the topics settling: a TopicAnswer once in metadata (else with its
+        error after SETTLE_SECONDS), with the partitions not answering ListOffsets yet
+        unready; then a PartitionsReady of those answering since (their leader has made its
+        log: they take records), and of those left READY_SECONDS after the topic was asked
+        about all the same. One metadata request and ListOffsets (OFFSETS_PER_REQUEST a
+        request) for all of them (of the partitions not seen taking records yet)."""
         settling, answers = self._settling, []
         if not settling:
             return answers
@@ -293,18 +324,22 @@ class Preparer:
             return answers
         waiting = unhosted(admin, known)
         now = time.monotonic()
-        for topic in known:
+        for topic, before in known.items():
             s = settling[topic]
-            if topic in waiting and now - s.since < READY_SECONDS and not self._stop.is_set():
-                settling[topic] = s._replace(waiting=tuple(waiting[topic][0]))
-                continue
-            if topic in waiting:
+            left = tuple(sorted(waiting[topic][0])) if topic in waiting else ()
+            if left and (now - s.since >= READY_SECONDS or self._stop.is_set()):
                 log.warning("destination topic %s: partition(s) %s not taking records after "
                             "%.0f s (%s); writing to it all the same", topic,
-                            ", ".join(map(str, sorted(waiting[topic][0]))), READY_SECONDS,
-                            waiting[topic][1])
-            del settling[topic]
-            answers.append(TopicAnswer(topic, s.count, s.created, None))
+                            ", ".join(map(str, left)), READY_SECONDS, waiting[topic][1])
+                left = ()
+            if not s.answered:
+                answers.append(TopicAnswer(topic, s.count, s.created, None, frozenset(left)))
+            elif len(left) < len(before):
+                answers.append(PartitionsReady(topic, frozenset(before) - frozenset(left)))
+            if left:
+                settling[topic] = s._replace(waiting=left, answered=True)
+            else:
+                del settling[topic]
         return answers
 
     def _grow(self, admin, topic: str, count: int, partitions: int) -> int:

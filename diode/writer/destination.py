@@ -2,13 +2,14 @@
 
 It owns the backlog (runs decoded and not yet all produced, an Entry each, in order; a
 partition's consecutive runs joined into one Entry as they are added; the runs of a destination
-topic not writable yet parked apart, by topic, until it is), the records producer (produce,
-acknowledgements, end-to-end latency marks), the runs produced since the last checkpoint (to
-name a refused record: a delivery report carries no headers), dead letters and refusals, the
-destination topics (their partition counts, asked of the Preparer, and their trouble: a topic
-refused for good or unanswered for TOPIC_GIVE_UP_SECONDS is given up, its records dead
-letters), and the events producer with its bounded queue (missing ranges, heartbeats, digests,
-dead letters). It does not decide what to write (the partitions' states,
+topic not writable yet parked apart, by topic, until it is, and those of a destination partition
+not taking records yet, by source partition, until the Preparer answers it ready), the records
+producer (produce, acknowledgements, end-to-end latency marks), the runs produced since the last
+checkpoint (to name a refused record: a delivery report carries no headers), dead letters and
+refusals, the destination topics (their partition counts, asked of the Preparer, and their
+trouble: a topic refused for good or unanswered for TOPIC_GIVE_UP_SECONDS is given up, its
+records dead letters), and the events producer with its bounded queue (missing ranges,
+heartbeats, digests, dead letters). It does not decide what to write (the partitions' states,
 diode.accounting.ordering, do) nor what an event says (diode.writer.reporter builds the
 missing-records events and reports refusals through `report_refused`).
 
@@ -27,7 +28,7 @@ from confluent_kafka import KafkaError, KafkaException
 from diode.kafka.clients import produce_run
 from diode.kafka.messages import (Provenance, dead_letter_headers, provenance_headers,
                                   written_at_header)
-from diode.kafka.preparer import METADATA_TIMEOUT, TopicAnswer
+from diode.kafka.preparer import METADATA_TIMEOUT, PartitionsReady, TopicAnswer
 from diode.link.runs import FRAMING_ALLOWANCE, Run
 
 MAX_PARTITIONS = 10000
@@ -146,6 +147,12 @@ class Destination:
         # the backlog, so that a turn costs what can be produced (issue 36)
         self.parked: dict = {}
         self.parked_again = 0.0           # when the parked topics are looked at again
+        # destination topic -> its partitions not taking records yet (the Preparer's answers:
+        # TopicAnswer.unready, then PartitionsReady), and -> (source topic, source partition)
+        # -> the runs waiting for theirs (Entry, in order; the destination's -1, records of a
+        # partition it lacks, spread by key, wait for every partition of it)
+        self.unready: dict = {}
+        self.unready_runs: dict = {}
 
     def add(self, run: Run, extra: tuple = ()) -> None:
         """A run to write, after those of its partition already waiting: joined to the last
@@ -173,8 +180,9 @@ class Destination:
 
     @property
     def holds(self) -> bool:
-        """Whether runs wait to be produced (in the backlog, or parked for their topic)."""
-        return bool(self.backlog or self.parked)
+        """Whether runs wait to be produced (in the backlog, parked for their topic, or
+        waiting for their partition to take records)."""
+        return bool(self.backlog or self.parked or self.unready_runs)
 
     def waits(self) -> bool:
         """Whether nothing in the backlog can be produced now: it waits for missing ranges to
@@ -187,9 +195,12 @@ class Destination:
     def produce_backlog(self):
         """Produce waiting runs in order. A destination topic not writable yet keeps its runs
         (in their order, parked) without holding up other topics'; one that will never be
-        writable sends them to the dead-letter topic. A run's columns and header lists are
-        built when its first record is offered, once: its written-at stamp is that time, as it
-        is for the records waiting in the producer's queue.
+        writable sends them to the dead-letter topic; a destination partition not taking
+        records yet keeps its source partition's runs (in order, in unready_runs) until the
+        Preparer answers it ready (partitions_ready), without holding up other partitions'. A
+        run's columns and header lists are built when its first record is offered, once: its
+        written-at stamp is that time, as it is for the records waiting in the producer's
+        queue.
 
         It costs what can change: nothing while the producer's queue is full and nothing has
         been acknowledged since (it would refuse the head again), the runs added since the last
@@ -214,6 +225,10 @@ class Destination:
             entry = backlog[0]
             run = entry.run
             topic = self.name_of(run.topic)
+            waiting = self.unready_runs.get(topic)
+            if waiting is not None and (run.topic, run.partition) in waiting:
+                waiting[(run.topic, run.partition)].append(backlog.popleft())
+                continue  # (after its partition's runs waiting already)
             if topic in parked:
                 parked[topic].append(backlog.popleft())
                 continue
@@ -229,13 +244,18 @@ class Destination:
                     continue
                 parked[topic] = deque([entry])
                 continue
+            partition = run.partition if run.partition < self.dest_partitions[topic] else -1
+            unready = self.unready.get(topic)
+            if unready and (partition < 0 or partition in unready):
+                self.unready_runs.setdefault(topic, {})[(run.topic, run.partition)] = \
+                    deque([backlog.popleft()])
+                continue
             if entry.columns is None:  # (once a run: a full queue's retry resumes where it stopped)
                 run = self._whole(entry)
                 own = run.header_lists()
                 entry.columns = Columns(run.key_list(), run.value_list(), own, provenance_headers(
                     run.topic, run.partition, run.incarnation, run.offsets, own,
                     [*written_at, *entry.extra] if entry.extra else written_at))
-            partition = run.partition if run.partition < self.dest_partitions[topic] else -1
             columns, start = entry.columns, entry.done
             try:
                 done = produce_run(self.producer, topic, partition, run, columns.keys,
@@ -292,6 +312,38 @@ class Destination:
         entries = self.parked.pop(topic, None)
         if entries:
             self.backlog.extendleft(reversed(entries))
+        self._ready_runs(topic)
+
+    def _ready_runs(self, topic: str) -> None:
+        """The runs of `topic` waiting for a partition that takes records now back at the head
+        of the backlog, or of its parked runs when the topic is parked again (asked again: they
+        came before any of their partition's runs there, which were parked after them)."""
+        waiting = self.unready_runs.get(topic)
+        if not waiting:
+            return
+        unready = self.unready.get(topic, ())
+        count = self.dest_partitions.get(topic)
+        going = []
+        for key in list(waiting):
+            partition = key[1] if count is None or key[1] < count else -1
+            if not unready or (partition >= 0 and partition not in unready):
+                going += waiting.pop(key)
+        if not waiting:
+            del self.unready_runs[topic]
+        if going:
+            (self.parked[topic] if topic in self.parked else self.backlog).extendleft(
+                reversed(going))
+
+    def partitions_ready(self, answer: PartitionsReady) -> None:
+        """The Preparer's answer that partitions of a destination topic take records now (or
+        were waited for long enough): their runs go."""
+        unready = self.unready.get(answer.topic)
+        if unready is None:
+            return
+        unready -= answer.partitions
+        if not unready:
+            del self.unready[answer.topic]
+        self._ready_runs(answer.topic)
 
     def acknowledged(self) -> None:
         """What the destination has acknowledged, given the records the producer still holds:
@@ -446,6 +498,10 @@ class Destination:
                                "refuses to read it (it must have 1); its records are written "
                                "to partition 0", topic, answer.partitions)
             self.dest_partitions[topic] = answer.partitions
+            if answer.unready:  # (PartitionsReady follow)
+                self.unready[topic] = set(answer.unready)
+            else:
+                self.unready.pop(topic, None)
             self.topic_trouble.pop(topic, None)
             self._unpark(topic)
             return

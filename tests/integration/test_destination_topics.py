@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from diode.kafka import metasync, preparer
 from diode.kafka.metasync import MetadataSync
-from diode.kafka.preparer import Preparer, TopicAnswer
+from diode.kafka.preparer import PartitionsReady, Preparer, TopicAnswer
 from diode.kafka.refresh import topic_configs
 from tests.conftest import create_topic, only_on, topics
 
@@ -34,8 +34,9 @@ class CountingAdmin(AdminClient):
 def answers_to(kafka: dict, asked: dict, monkeypatch, hosted=None) -> dict:
     """topic -> its TopicAnswer, every one of `asked` ({topic: (partitions, config)}) asked
     before the Preparer's thread starts, as a writer asks when the first records of many
-    topics come together; with `hosted` (a dict), topic -> whether the destination took
-    records for each of its partitions (answered ListOffsets) when its answer was taken."""
+    topics come together, taken until every partition answered unready is answered ready
+    (PartitionsReady); with `hosted` (a dict), (topic, partition) -> whether the destination
+    took records for it (answered ListOffsets) when it was answered ready."""
     CountingAdmin.creates, CountingAdmin.describes = [], []
     monkeypatch.setattr(preparer, "AdminClient", CountingAdmin)
     # (a loaded machine's broker may take longer than READY_SECONDS to make 180 partitions)
@@ -45,40 +46,50 @@ def answers_to(kafka: dict, asked: dict, monkeypatch, hosted=None) -> dict:
         p.topic(topic, partitions, config)
     p.start()
     answers: dict = {}
+    unready: set = set()
     deadline = time.monotonic() + 180
     try:
-        while len(answers) < len(asked) and time.monotonic() < deadline:
-            taken = [a for a in p.take() if isinstance(a, TopicAnswer)]
-            answers.update((a.topic, a) for a in taken)
-            if hosted is not None and taken:
-                hosted.update(taking(kafka, {a.topic: a.partitions for a in taken
-                                             if a.partitions}))
+        while (len(answers) < len(asked) or unready) and time.monotonic() < deadline:
+            ready = set()
+            for a in p.take():
+                if isinstance(a, TopicAnswer):
+                    answers[a.topic] = a
+                    ready |= {(a.topic, n) for n in range(a.partitions) if n not in a.unready}
+                    unready |= {(a.topic, n) for n in a.unready}
+                elif isinstance(a, PartitionsReady):
+                    assert {(a.topic, n) for n in a.partitions} <= unready
+                    ready |= {(a.topic, n) for n in a.partitions}
+            unready -= ready
+            if hosted is not None and ready:
+                hosted.update(taking(kafka, ready))
             time.sleep(0.05)
     finally:
         p.close()
+    assert not unready
     return answers
 
 
-def taking(kafka: dict, counts: dict) -> dict:
-    """topic -> whether every partition of it answers ListOffsets now (its leader has made its
-    log: a producer's records to it are taken, not refused and retried)."""
+def taking(kafka: dict, partitions: set) -> dict:
+    """(topic, partition) -> whether it answers ListOffsets now (its leader has made its log:
+    a producer's records to it are taken, not refused and retried)."""
     admin = AdminClient(kafka)
-    futures = admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest()
-                                  for t, n in counts.items() for p in range(n)},
-                                 request_timeout=10)
-    out = dict.fromkeys(counts, True)
+    futures = admin.list_offsets({TopicPartition(t, n): OffsetSpec.latest()
+                                  for t, n in partitions}, request_timeout=10)
+    out = {}
     for tp, future in futures.items():
         try:
             future.result(15)
+            out[(tp.topic, tp.partition)] = True
         except KafkaException:
-            out[tp.topic] = False
+            out[(tp.topic, tp.partition)] = False
     return out
 
 
 def test_topics_asked_together_are_created_in_one_request_and_each_answered(
         start_brokers, broker_kind, monkeypatch):
-    """... and each answered once its leaders take records: Apache Kafka names a new
-    partition's leader before the leader has made its log, and refuses records meanwhile."""
+    """... and each answered once in the metadata, its partitions each answered ready once
+    its leader takes records: Apache Kafka names a new partition's leader before the leader
+    has made its log, and refuses records meanwhile."""
     dst, = start_brokers(broker_kind, "destination")
     create_topic(dst.bootstrap, "there.already", 3)
     asked = {f"dest.{i:03d}": (3, None) for i in range(60)}
@@ -86,7 +97,7 @@ def test_topics_asked_together_are_created_in_one_request_and_each_answered(
     hosted: dict = {}
     answers = answers_to(dst.client_config(), asked, monkeypatch, hosted)
     assert set(answers) == set(asked)
-    assert [t for t, ok in hosted.items() if not ok] == []
+    assert len(hosted) == 61 * 3 and [tp for tp, ok in hosted.items() if not ok] == []
     assert all(a.partitions == 3 and a.error is None for a in answers.values())
     assert [t for t, a in answers.items() if not a.created] == ["there.already"]
     # one CreateTopics of the 60 missing, after one metadata request of all 61

@@ -4,11 +4,12 @@ loss, a topic given up sending its records to the dead-letter topic (or reportin
 a refused record named from the runs produced, and a checkpoint's flush told when it is done."""
 
 from concurrent.futures import Future
+from types import SimpleNamespace
 
 from confluent_kafka import KafkaError, KafkaException
 
 from diode.kafka import preparer
-from diode.kafka.preparer import Preparer, TopicAnswer
+from diode.kafka.preparer import PartitionsReady, Preparer, TopicAnswer
 from diode.writer import destination as destination_module
 from diode.writer.destination import CLUSTER_UNAVAILABLE, TOPIC_GIVE_UP_SECONDS, Destination
 from tests.unit.writer_fakes import LOG, Message, FakeProducer, metrics, run, settings
@@ -187,6 +188,103 @@ def test_runs_of_a_topic_not_writable_yet_wait_apart_and_cost_nothing_until_it_i
         offsets = [o for q, o in written_t if q == p]
         assert offsets == sorted(offsets)
     assert not d.holds and d.backlog_records == 0
+
+
+def test_runs_of_a_partition_not_taking_records_yet_wait_for_it_and_the_others_go_at_once():
+    """A destination topic answered with partitions whose leaders do not take records yet
+    (Apache Kafka names a new partition's leader before it has made its log, and refuses
+    records meanwhile): the runs of its other partitions are produced at once, those of each
+    unready partition wait, in order, counted, holding a checkpoint back, until the Preparer
+    answers that partition ready; then they go, each once, in their order."""
+    d, _, asked, _ = destination()
+    for o in range(40):  # (t[o % 4]: 10 records a partition, a run each)
+        d.add(run(o, 1, partition=o % 4, prev=o - 4 if o >= 4 else None))
+    d.produce_backlog()
+    assert asked == [("dst_t", 4)]
+    d.topic_answered(TopicAnswer("dst_t", 4, True, None, frozenset({1, 3})))
+    d.produce_backlog()
+
+    def offsets(partition):
+        return [int(dict(m.headers())["sourceOffset"]) for m in d.producer.taken
+                if m.partition() == partition]
+
+    assert {m.partition() for m in d.producer.taken} == {0, 2}
+    assert offsets(0) == list(range(0, 40, 4)) and offsets(2) == list(range(2, 40, 4))
+    assert d.backlog_records == 20 and d.holds  # (a checkpoint waits: Stage._held_back)
+    d.add(run(41, 2, partition=1, prev=37))  # (after those of its partition waiting)
+    d.add(run(40, 1, partition=0, prev=36))
+    d.produce_backlog()
+    assert offsets(0)[-1] == 40 and offsets(1) == [] and d.backlog_records == 22
+    d.partitions_ready(PartitionsReady("dst_t", frozenset({3})))
+    d.produce_backlog()
+    assert offsets(3) == list(range(3, 40, 4)) and offsets(1) == [] and d.holds
+    d.partitions_ready(PartitionsReady("dst_t", frozenset({1})))
+    d.produce_backlog()
+    assert offsets(1) == [*range(1, 40, 4), 41, 42]
+    assert len(d.producer.taken) == 43 and d.backlog_records == 0 and not d.holds
+
+
+class Leaders:
+    """An admin client of a cluster that creates a topic, shows it in its metadata at once,
+    and answers ListOffsets only for the partitions in `taking` (those whose leader has made
+    its log), counting the partitions each ListOffsets asks about."""
+
+    def __init__(self):
+        self.counts: dict = {}
+        self.taking: set = set()
+        self.listed: list = []
+
+    def create_topics(self, new_topics, **kwargs):
+        self.counts.update((t.topic, t.num_partitions) for t in new_topics)
+        return CreatedUnseen._futures([t.topic for t in new_topics])
+
+    def describe_topics(self, collection, **kwargs):
+        out = {}
+        for topic in collection.topic_names:
+            out[topic] = Future()
+            if topic in self.counts:
+                out[topic].set_result(SimpleNamespace(partitions=[0] * self.counts[topic]))
+            else:
+                out[topic].set_exception(KafkaException(KafkaError(
+                    KafkaError.UNKNOWN_TOPIC_OR_PART)))
+        return out
+
+    def list_offsets(self, asked, **kwargs):
+        self.listed.append(len(asked))
+        out = {}
+        for tp in asked:
+            out[tp] = Future()
+            if (tp.topic, tp.partition) in self.taking:
+                out[tp].set_result(None)
+            else:
+                out[tp].set_exception(KafkaException(KafkaError(
+                    KafkaError.NOT_LEADER_FOR_PARTITION)))
+        return out
+
+
+def test_a_topic_is_answered_once_shown_and_each_partition_once_its_leader_takes_records(
+        monkeypatch):
+    """The Preparer answers a topic it created as soon as its metadata shows it, naming the
+    partitions not taking records yet, then each of those as it answers ListOffsets (the
+    partitions settling asked about together, OFFSETS_PER_REQUEST a request), and those left
+    after READY_SECONDS all the same."""
+    monkeypatch.setattr(preparer, "OFFSETS_PER_REQUEST", 5)
+    clock = [0.0]
+    monkeypatch.setattr(preparer.time, "monotonic", lambda: clock[0])
+    admin, p = Leaders(), Preparer({})
+    admin.taking = {("a", 0), ("a", 2), ("b", 1)}
+    answers = p._topic_answers(admin, [("a", 4, None), ("b", 2, None)])
+    assert answers == [TopicAnswer("a", 4, True, None, frozenset({1, 3})),
+                       TopicAnswer("b", 2, True, None, frozenset({0}))]
+    assert admin.listed == [5, 1]
+    admin.taking |= {("a", 3), ("b", 0)}
+    assert p._topic_answers(admin, []) == [PartitionsReady("a", frozenset({3})),
+                                           PartitionsReady("b", frozenset({0}))]
+    assert p._topic_answers(admin, []) == []
+    assert admin.listed[2:] == [3, 1]  # (only those still settling)
+    clock[0] = preparer.READY_SECONDS
+    assert p._topic_answers(admin, []) == [PartitionsReady("a", frozenset({1}))]
+    assert p._topic_answers(admin, []) == [] and not p._settling
 
 
 class CreatedUnseen:
