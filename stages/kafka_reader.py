@@ -137,7 +137,7 @@ class Stage(BaseStage):
         self.whole_wanted = False  # everything is sent with the next metadata (self.whole)
         self.consumed: list | None = None  # what the turn's consume call returned
         self.digests: deque = deque(maxlen=MAX_DIGESTS_WAITING)  # closed, not yet handed on
-        self.watcher = self.metadata = self.digester = None
+        self.watcher = self.metadata = self.digester = self.keeper = None
         self._watch_source()
         self.waiting_since = None         # when acknowledgements were last outstanding and new
         self._deadlines()
@@ -161,6 +161,7 @@ class Stage(BaseStage):
         s = self.t.sender
         self.memory = lineage.memory_path(self.ctx.run_dir, self.selector.index)
         remembered = self._remember()
+        self.keeper = lineage.Keeper(self.memory, self.t.name, self.selector.readers, self.log)
         self.watcher = PartitionWatcher(
             consumer_config(self.t), self.selector.owned, s.refresh_topics_interval_seconds,
             s.identity_check_interval_ms / 1000, remembered,
@@ -394,10 +395,7 @@ class Stage(BaseStage):
 
     def _sent(self, tp, positions: dict) -> int:
         """The last offset of `tp` handed to the kernel (before its chain's start: nothing)."""
-        if tp in positions:
-            return positions[tp] - 1
-        start = self.chain_start.get(tp)
-        return start - 1 if start is not None else -1
+        return lineage.sent(tp, positions, self.chain_start)
 
     def _remember(self) -> dict:
         """What this reader knew before it was restarted (diode.kafka.lineage); returns the
@@ -414,17 +412,11 @@ class Stage(BaseStage):
     def _memorize(self) -> None:
         """Record what a restart of this reader needs to know (diode.kafka.lineage): at a
         heartbeat, when it changed (records read or sent, partitions assigned or not, the
-        lineage's ends and claims)."""
+        lineage's ends and claims). The loop takes a picture of it (copies); its keeper's
+        thread writes it."""
         self.remember_due = self.lineage.changed = False
-        positions = self.tracker.positions()
-        reading = [[t, p, self.chain_start.get((t, p)), self.last_read.get((t, p)),
-                    self._sent((t, p), positions), at] for (t, p), at in self.assigned.items()]
-        try:
-            lineage.save(self.memory, self.t.name, self.selector.readers,
-                         self.lineage.memory(reading))
-        except OSError as exc:
-            self.log.warning("cannot record what a restart needs to know in %s: %s",
-                             self.memory, exc)
+        self.keeper.keep(self.lineage.picture(self.assigned, self.chain_start, self.last_read,
+                                              self.tracker.positions()))
 
     def rewind(self):
         """Read again everything after the committed positions."""
@@ -795,6 +787,8 @@ class Stage(BaseStage):
             self.watcher.close()
         if self.metadata is not None:
             self.metadata.close()
+        if self.keeper is not None:
+            self.keeper.close()  # (what was handed last is written first)
         self.consumer.close()
 
 
