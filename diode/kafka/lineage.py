@@ -22,10 +22,18 @@ incarnation (diode.kafka.identity) and each partition's end. A Lineage keeps, pe
   recreated. The file names the topology and the reader count; one of another is not used. A
   whole sender restarted with a new run directory starts without it (docs/reference.md, "Source
   identity", says what that leaves unknown).
+
+What a restart needs grows with the partitions (a 500 KB file at 10 000): the loop only takes a
+Picture of it (copies of its tables, which C copies in well under a millisecond), and a Keeper
+makes the memory of it and writes it from a thread of its own, a slice of partitions at a time
+(the loop's heartbeats never wait for it); pictures taken while it writes are replaced by the
+latest, and a reader that stops writes its last before it closes.
 """
 
+import json
 import logging
 import os
+import threading
 import time
 from collections import deque
 from typing import NamedTuple
@@ -38,6 +46,7 @@ log = logging.getLogger("diode.kafka.lineage")
 RETIRED_CLAIM_SECONDS = 24 * 3600  # how long heartbeats tell of an incarnation that went away
 MAX_RETIRED_CLAIMS = 1000          # of how many, at most (the oldest go first)
 MEMORY_VERSION = 1
+MEMORY_SLICE = 1000                # partitions serialized at a time (other threads run between)
 OFFSET_BEGINNING = -2              # (confluent_kafka's logical offset)
 
 
@@ -168,16 +177,18 @@ class Lineage:
     def memory(self, reading: list) -> dict:
         """What a restart needs: `reading` is [topic, partition, chain start, last read, last
         sent, assigned at] of every partition read now."""
-        partitions = [[*entry, self.ends.get((entry[0], entry[1]), 0) - 1] for entry in reading]
-        partitions += [[t, p, d.start, d.read, d.sent, d.assigned, self.ends.get((t, p), 0) - 1]
-                       for (t, p), d in self.departed.items()]
-        topics = {t: self.incarnations.get(t) or self.remembered.get(t)
-                  for t in {e[0] for e in partitions}}
-        now = time.monotonic()
-        return {"cluster": self.cluster,
-                "topics": {t: inc for t, inc in topics.items() if inc is not None},
-                "partitions": [e for e in partitions if topics.get(e[0]) is not None],
-                "retired": [(r.claim, now - r.since) for r in self.retired.values()]}
+        return _memory(reading, self.picture({}, {}, {}, {}))
+
+    def picture(self, assigned: dict, chain_start: dict, last_read: dict,
+                positions: dict) -> "Picture":
+        """What a restart needs, as it stands now (see Picture): the reader's `assigned`
+        (partition -> offset assigned at), `chain_start`, `last_read` and the tracker's
+        `positions` (the next offset after what was sent), and this lineage; all copied."""
+        return Picture(dict(assigned), dict(chain_start), dict(last_read), dict(positions),
+                       self.cluster, dict(self.incarnations), dict(self.remembered),
+                       dict(self.ends), dict(self.departed),
+                       [(list(r.claim), r.since) for r in self.retired.values()],
+                       time.monotonic())
 
     def restore(self, saved: dict) -> None:
         """Start from what a reader before this restart knew (`load`)."""
@@ -191,6 +202,91 @@ class Lineage:
             self.retired[tuple(claim[:3])] = Retired(claim, now - age, deque())
 
 
+class Picture(NamedTuple):
+    """What a restart of a reader needs, as it stood when taken (Lineage.picture): copies,
+    which the loop never changes afterwards, for a Keeper to make its memory of off the loop."""
+    assigned: dict      # (topic, partition) -> the offset it was assigned at
+    chain_start: dict   # (topic, partition) -> where its chain started
+    last_read: dict     # (topic, partition) -> the last offset read
+    positions: dict     # (topic, partition) -> the next offset after what was sent
+    cluster: str
+    incarnations: dict  # (Lineage's, as they were)
+    remembered: dict
+    ends: dict
+    departed: dict
+    retired: list       # (claim, since) of each retired claim
+    taken: float        # when (time.monotonic)
+
+
+def sent(tp, positions: dict, chain_start: dict) -> int:
+    """The last offset of `tp` handed to the kernel (before its chain's start: nothing)."""
+    if tp in positions:
+        return positions[tp] - 1
+    start = chain_start.get(tp)
+    return start - 1 if start is not None else -1
+
+
+def memory(picture: Picture) -> dict:
+    """What a restart needs (as Lineage.memory says it) of a picture."""
+    p = picture
+    reading = [[t, q, p.chain_start.get((t, q)), p.last_read.get((t, q)),
+                sent((t, q), p.positions, p.chain_start), at]
+               for (t, q), at in p.assigned.items()]
+    return _memory(reading, p)
+
+
+def _memory(reading: list, p: Picture) -> dict:
+    partitions = [[*entry, p.ends.get((entry[0], entry[1]), 0) - 1] for entry in reading]
+    partitions += [[t, q, d.start, d.read, d.sent, d.assigned, p.ends.get((t, q), 0) - 1]
+                   for (t, q), d in p.departed.items()]
+    topics = {t: p.incarnations.get(t) or p.remembered.get(t)
+              for t in {e[0] for e in partitions}}
+    return {"cluster": p.cluster,
+            "topics": {t: inc for t, inc in topics.items() if inc is not None},
+            "partitions": [e for e in partitions if topics.get(e[0]) is not None],
+            "retired": [(claim, p.taken - since) for claim, since in p.retired]}
+
+
+class Keeper:
+    """Records a reader's memory at `where` (save) from a thread of its own: `keep` hands it a
+    Picture and returns at once; the thread makes the memory of the latest picture handed
+    and writes it (one handed while it writes replaces any not written yet: what a restart
+    needs is the latest). `close` writes the last picture handed before it returns."""
+
+    def __init__(self, where: str, topology: str, readers: int, log=log):
+        self.where, self.topology, self.readers, self.log = where, topology, readers, log
+        self._picture: Picture | None = None
+        self._closing = False
+        self._writing = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="lineage-keeper", daemon=True)
+        self._thread.start()
+
+    def keep(self, picture: Picture) -> None:
+        with self._writing:
+            self._picture = picture
+            self._writing.notify()
+
+    def close(self, timeout: float = 30.0) -> None:
+        with self._writing:
+            self._closing = True
+            self._writing.notify()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._writing:
+                while self._picture is None and not self._closing:
+                    self._writing.wait()
+                picture, self._picture = self._picture, None
+            if picture is None:
+                return  # (closing, and everything handed was written)
+            try:
+                save(self.where, self.topology, self.readers, memory(picture))
+            except OSError as exc:
+                self.log.warning("cannot record what a restart needs to know in %s: %s",
+                                 self.where, exc)
+
+
 def memory_path(run_dir: str, index: int) -> str:
     return os.path.join(run_dir, "state", f"sender-kafka_reader-{index}.json")
 
@@ -198,13 +294,27 @@ def memory_path(run_dir: str, index: int) -> str:
 def save(where: str, topology: str, readers: int, memory: dict) -> None:
     """Record a Lineage's memory for `topology` with `readers` readers."""
     os.makedirs(os.path.dirname(where), exist_ok=True)
-    files.replace_json(where, {
+    files.replace(where, _json({
         "version": MEMORY_VERSION, "topology": topology, "readers": readers,
         "cluster": memory["cluster"],
         "topics": {t: identity.text(inc) for t, inc in memory["topics"].items()},
         "partitions": memory["partitions"],
         "retired": [[[*claim[:2], identity.text(claim[2]), *claim[3:]], age]
-                    for claim, age in memory["retired"]]}, sync=False)
+                    for claim, age in memory["retired"]]}), sync=False)
+
+
+def _json(data: dict) -> str:
+    """`data` as compact JSON (the text json.dumps gives), its partitions MEMORY_SLICE at a
+    time: the encoder holds the GIL for the whole of what it is given, and the reader's loop
+    runs between slices."""
+    compact = {"separators": (",", ":")}
+
+    def value(key, v) -> str:
+        if key != "partitions":
+            return json.dumps(v, **compact)
+        return "[" + ",".join(json.dumps(v[i:i + MEMORY_SLICE], **compact)[1:-1]
+                              for i in range(0, len(v), MEMORY_SLICE)) + "]"
+    return "{" + ",".join(f"{json.dumps(k)}:{value(k, v)}" for k, v in data.items()) + "}"
 
 
 def load(where: str, topology: str, readers: int) -> dict | None:

@@ -22,9 +22,11 @@ A kafka_reader's watcher is `marked`: its reader's consumer fetches every partit
 every fetch.wait.max.ms even when nothing comes, and each fetch response carries the
 partition's log start and end (its watermarks), which the reader hands over, without a request,
 before each look at the state. That look lists (ListOffsets) the log start and end only of the
-partitions whose watermarks moved since they were last listed, that the reader does not fetch
-yet, or whose turn it is (every partition at least every STATE_TURN_LOOKS looks, should a fetch
-have stopped); the others' are as last listed. A reader held back since the last look (its
+partitions whose watermarks moved since they were last listed, never listed yet, or whose turn
+it is (every partition at least every STATE_TURN_LOOKS looks, should a fetch have stopped); the
+others' are as last listed. A partition the reader gives no watermarks of (not fetched yet, or
+its watermarks not taken yet: over thousands of partitions the reader takes them in turn) is
+listed when it first gives some, and in its turn meanwhile: it is not listed at every look. A reader held back since the last look (its
 consumer stops fetching what waits) hands none, and everything is listed. Its listings between
 ask the ends only of topics without an id (whose recreation only their ends tell); the ends of
 what it reads come from its fetches (diode.kafka.lineage). Each topic's settings are described
@@ -418,8 +420,8 @@ class PartitionWatcher(Looker):
         them all when woken, at its first look at the state and when the reader gave no
         watermarks; else at a listing the ends of the topics without an id (a recreation of
         one is told by its ends), and at a look at the state those of the partitions whose
-        watermarks moved since they were last listed (or that the reader does not fetch, or
-        never listed), and of a turn of the others: every partition is listed at least every
+        watermarks moved since they were last listed (a partition it gave none of when last
+        listed counts as moved once it gives some), or never listed, and of a turn of the others: every partition is listed at least every
         STATE_TURN_LOOKS looks at the state, moved or not."""
         if not (listing or woken or stating):
             return set()
@@ -447,14 +449,16 @@ class PartitionWatcher(Looker):
                       unready: Unready) -> dict:
         """The log starts of the `kept` pairs, listed for those `asked`; a marked watcher keeps
         what it listed, gives the others' as last listed, and notes each listed pair's
-        watermarks (the reader's, as they were before the listing; none: listed again next)."""
+        watermarks (the reader's, as they were before the listing, None where it gave none;
+        a pair whose start or end was not answered: listed again next)."""
         starts = start_offsets(admin, asked, unready)
         if not self.marked:
             return starts
         self._starts.update(starts)
         for tp in asked:
-            if tp in starts and tp in ends and marks is not None and tp in marks:
-                self._listed[tp] = marks[tp]
+            if tp in starts and tp in ends and marks is not None:
+                # (None: the reader gave none; listed again once it gives some, or in turn)
+                self._listed[tp] = marks.get(tp)
             else:
                 self._listed.pop(tp, None)
         return {tp: self._starts[tp] for tp in kept if tp in self._starts}
