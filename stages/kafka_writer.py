@@ -273,8 +273,9 @@ class Stage(BaseStage):
             self.expiry.at(float("inf"))  # (parked until something waits: _wake_expiry)
 
     def _wake_expiry(self) -> None:
-        """A partition has something waiting, or the reader's clock moved for the link watch's
-        heartbeat age: the expiry timer runs at the next turn."""
+        """A partition has something waiting, or the sender's heartbeats came (writer 0: the
+        link watch's age and silence are looked at on every pass from then on): the expiry
+        timer runs at the next turn."""
         if self.expiry.due == float("inf"):
             self.expiry.at(0.0)
 
@@ -343,6 +344,8 @@ class Stage(BaseStage):
                 self.dest.backlog_records += len(run)
         for beat in batch.beats:
             self.link.beat(beat)
+        if batch.beats:
+            self._wake_expiry()
         for side in batch.sources:
             if type(side) is Heard:
                 self._heard(side.reader, side.time_ms)

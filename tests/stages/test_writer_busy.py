@@ -176,3 +176,18 @@ def test_an_idle_writer_waits_long_for_input_and_its_expiry_waits_for_something_
     writer.timers.run(time.monotonic())
     assert missing(caplog) == ["missing t[2] offsets 4..6"]
     assert not writer.held.busy and writer.expiry.due == math.inf
+
+
+def test_the_senders_heartbeats_wake_a_parked_expiry_for_the_link_watch(writer):
+    """Writer 0 parks its expiry before the sender's first heartbeat when nothing waits; the
+    heartbeats wake it, and the link's silence (looked at on its passes) is reported."""
+    writer.marks = [messages.Mark(0, 0.0)]
+    writer.timers.run(time.monotonic())
+    assert writer.expiry.due == math.inf
+    beat = {"reader": 0, "time_ms": 1764111600000, "interval_ms": 1000, "partitions": [],
+            "cluster": "c", "counters": {}, "session": "01", "seen": 1.0, "stopping": False}
+    writer._batch(messages.Batch(0, [], [], [beat], None, [], [], []), [None, b""])
+    writer.marks = [messages.Mark(0, 10.0)]  # (no heartbeat for 9 s: three intervals are 3)
+    writer.timers.run(time.monotonic())
+    assert writer.metrics.get("link_heartbeat_age_seconds") == 9.0
+    assert writer.metrics.get("link_silent") == 1
