@@ -11,7 +11,8 @@ The runtime's loop (diode.runtime.worker.Stage.step) hands this stage the unpack
 heartbeats, a messages.Batch at a time (_batch); the stage offers them to its source partitions'
 states, asks the reader to replay its journal after a restart (Stage.replays), looks at the
 runs and claims waiting on the reader's clock every EXPIRE_SECONDS (a timer: _expire_waiting;
-only in the partitions with something waiting), and hands each job to its room (diode.writer):
+only in the partitions with something waiting, parked while none has), and hands each job to
+its room (diode.writer):
 
 - order, duplicates and gaps, per incarnation of each source partition (diode.kafka.identity):
   diode.accounting.ordering, the one place where a range is decided missing;
@@ -61,6 +62,8 @@ before the records after them, are waited for a moment per turn (FLUSH_STEP_SECO
 input taken meanwhile; a stop waits the same way, up to its drain time, for everything to be
 acknowledged (finish).
 """
+
+import math
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
@@ -150,7 +153,9 @@ class Stage(BaseStage):
         # asks for it again, one stream per unpacker.
         self.replays(n)
         self.listen(self.input, self._batch, Batch.decode, INPUT_MESSAGES)
-        self.every(EXPIRE_SECONDS, self._expire_waiting)
+        # (parked while no partition has anything waiting: diode.writer.held wakes it)
+        self.expiry = self.every(EXPIRE_SECONDS, self._expire_waiting)
+        self.held.wake = self._wake_expiry
         # a producer that sends nothing while its destination answers (diode.writer.stall)
         self.watch = stall.ProducerWatch(self.dest, self.log, self.metrics, self.durable,
                                          lambda: AdminClient(admin_config(kafka)))
@@ -186,7 +191,8 @@ class Stage(BaseStage):
         counted. Then no input (None) while a checkpoint's flush waits (a step of it, waited
         here) or while the destination is behind (_held_back: the backlog produced, a moment
         waited for the destination); else how long to wait for input: a moment when the
-        producer's queue is full, none when the backlog can be produced now, else POLL_MS."""
+        producer's queue is full, none when the backlog can be produced now, POLL_MS while the
+        turn has work of its own (_busy), else up to IDLE_WAIT_MS (_idle_wait)."""
         dest = self.dest
         dest.poll()
         if self.recovery.flushing is None and (dest.asked or dest.unready or
@@ -209,8 +215,30 @@ class Stage(BaseStage):
             if dest.holds or dest.event_queue:
                 dest.poll(0.05)  # the destination is slow or down: wait, keep order
             return None
-        return QUEUE_FULL_WAIT_MS if dest.queue_full else \
-            0 if dest.backlog and not dest.waits() else self.POLL_MS
+        if dest.queue_full:
+            return QUEUE_FULL_WAIT_MS
+        if dest.backlog and not dest.waits():
+            return 0
+        return self.POLL_MS if self._busy() else self._idle_wait(now)
+
+    def _busy(self) -> bool:
+        """Whether a turn has work without input: something waits to be produced, to be
+        acknowledged or to expire, or a question to the Preparer or the sync is outstanding
+        (their answers come by no socket the turn waits on)."""
+        dest, recovery = self.dest, self.recovery
+        return bool(dest.holds or dest.event_queue or dest.events_first or len(dest.producer)
+                    or (dest.events is not None and len(dest.events)) or dest.asked
+                    or recovery.asked or recovery.unrecovered or self.held.busy
+                    or (self.sync is not None and self.sync.busy))
+
+    def _idle_wait(self, now: float) -> int:
+        """Nothing to do but take input: wait for it up to IDLE_WAIT_MS (a signal ends the
+        wait at once: diode.runtime.worker.Wakeup; the metrics' second too), and no later than
+        the next checkpoint is due."""
+        if not self.durable:
+            return self.IDLE_WAIT_MS
+        due = self.recovery.next_checkpoint - now
+        return max(1, math.ceil(min(self.IDLE_WAIT_MS / 1000, due) * 1000))
 
     def _held_back(self, now: float) -> bool:
         """Whether no input is taken this turn: the destination is behind (the backlog or the
@@ -246,6 +274,15 @@ class Stage(BaseStage):
                 or self._held_back(now):
             return
         self._expire(clock)  # (a pass over the busy partitions)
+        if not self.held.busy and self.link.last_beat is None:
+            self.expiry.at(float("inf"))  # (parked until something waits: _wake_expiry)
+
+    def _wake_expiry(self) -> None:
+        """A partition has something waiting, or the sender's heartbeats came (writer 0: the
+        link watch's age and silence are looked at on every pass from then on): the expiry
+        timer runs at the next turn."""
+        if self.expiry.due == float("inf"):
+            self.expiry.at(0.0)
 
     def _watch_producer(self, now: float) -> None:
         """The timer (every stall.LOOK_SECONDS); not once stopping (finish says what the
@@ -312,6 +349,8 @@ class Stage(BaseStage):
                 self.dest.backlog_records += len(run)
         for beat in batch.beats:
             self.link.beat(beat)
+        if batch.beats:
+            self._wake_expiry()
         for side in batch.sources:
             if type(side) is Heard:
                 self._heard(side.reader, side.time_ms)

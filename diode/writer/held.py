@@ -43,11 +43,14 @@ class Held:
         self.tallies: dict = {}   # (topic, partition) -> Tally, of every partition summed
         self.oldest: dict = {}    # (topic, partition) -> its oldest open ticket (ms), if any
         self.duplicates = self.pending = self.tickets = 0
+        # called when `busy` gains a partition while empty: the owner's expiry timer, parked
+        # while nothing waits, runs again (stages.kafka_writer)
+        self.wake = None
 
     def touched(self, tp: tuple) -> None:
         """A source partition's states changed (or may have): looked at by the next expiry
         pass, and counted again by the next `sums`."""
-        self.busy[tp] = None
+        self._busy(tp)
         self.changed.add(tp)
         self.unsaved.add(tp)
 
@@ -66,7 +69,12 @@ class Held:
         pass (13 % of a writer's samples at a run per record)."""
         self.changed.add(tp)
         if busy:
-            self.busy[tp] = None
+            self._busy(tp)
+
+    def _busy(self, tp: tuple) -> None:
+        if not self.busy and self.wake is not None:
+            self.wake()
+        self.busy[tp] = None
 
     def touched_all(self) -> None:
         """Every source partition (once, after the states were restored from checkpoints)."""

@@ -4,6 +4,9 @@ incarnation, a state restored from a checkpoint) has what waits reported when it
 one left with nothing waiting leaves the set, so a writer with many idle partitions does no work
 for them per tick. Its metrics' sums, kept as the partitions change, are those of every state."""
 
+import math
+import time
+
 import pytest
 
 from diode.accounting.ordering import PartitionState
@@ -146,3 +149,45 @@ def test_runs_that_come_in_order_leave_nothing_for_the_expiry_to_look_at(writer,
     assert missing(caplog) == ["missing idle[3] offsets 7..8"] and not writer.held.busy
     writer.sample_metrics()  # (what they hold is counted again all the same)
     assert writer.metrics.get("pending_records") == 0 and writer.metrics.get("duplicates") == 0
+
+
+def test_an_idle_writer_waits_long_for_input_and_its_expiry_waits_for_something_waiting(
+        writer, caplog):
+    """With nothing waiting, to produce or to acknowledge and no question outstanding, a turn
+    waits for input up to IDLE_WAIT_MS (no later than the next checkpoint), where it turned
+    every POLL_MS, and the expiry timer is parked: it ran at every turn for nothing. A run that
+    comes in order leaves it parked; a partition that gets something waiting (a heartbeat's
+    claim of records not come) wakes it, and what is missing is reported when due."""
+    writer.marks = [messages.Mark(0, 0.0)]
+    now = time.monotonic()
+    writer.recovery.next_checkpoint = now + 60
+    writer.timers.run(now)
+    assert writer.expiry.due == math.inf
+    assert writer.before_input(now) == writer.IDLE_WAIT_MS
+    writer.recovery.next_checkpoint = now + 0.3
+    assert 300 <= writer.before_input(now) <= 301  # (its ceiling in ms)
+    offer(writer, run(0, 3, partition=2))  # (a new state: looked at once)
+    writer.timers.run(time.monotonic())
+    offer(writer, run(3, 1, partition=2))  # (in order: nothing waits)
+    assert writer.expiry.due == math.inf and writer.before_input(now) == 0  # (to produce)
+    writer._claim(messages.Claim("t", 2, OLD, 0, 6, 6, False, 1.0, True, 0, 1000, 1000))
+    assert writer.expiry.due <= now
+    writer.marks = [messages.Mark(0, 100.0)]
+    writer.timers.run(time.monotonic())
+    assert missing(caplog) == ["missing t[2] offsets 4..6"]
+    assert not writer.held.busy and writer.expiry.due == math.inf
+
+
+def test_the_senders_heartbeats_wake_a_parked_expiry_for_the_link_watch(writer):
+    """Writer 0 parks its expiry before the sender's first heartbeat when nothing waits; the
+    heartbeats wake it, and the link's silence (looked at on its passes) is reported."""
+    writer.marks = [messages.Mark(0, 0.0)]
+    writer.timers.run(time.monotonic())
+    assert writer.expiry.due == math.inf
+    beat = {"reader": 0, "time_ms": 1764111600000, "interval_ms": 1000, "partitions": [],
+            "cluster": "c", "counters": {}, "session": "01", "seen": 1.0, "stopping": False}
+    writer._batch(messages.Batch(0, [], [], [beat], None, [], [], []), [None, b""])
+    writer.marks = [messages.Mark(0, 10.0)]  # (no heartbeat for 9 s: three intervals are 3)
+    writer.timers.run(time.monotonic())
+    assert writer.metrics.get("link_heartbeat_age_seconds") == 9.0
+    assert writer.metrics.get("link_silent") == 1
