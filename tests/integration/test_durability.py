@@ -165,14 +165,14 @@ def start_pair(launch, topo, receiver_workers=5):
     return sender, receiver
 
 
-def streaming(tmp_path, brokers, launch, total: int, rate: int, **overrides):
-    """Sender and receiver launched apart, and `total` records streaming at `rate`:
-    (topology, sender, receiver, stream)."""
+def streaming(tmp_path, brokers, launch, total: int, rate: int, batch=None, **overrides):
+    """Sender and receiver launched apart, and `total` records streaming at `rate` (`batch`:
+    as Stream's): (topology, sender, receiver, stream)."""
     src, dst = brokers
     create_topic(src.bootstrap, "src", PARTITIONS)
     topo = durable_topology(tmp_path, src, dst, **overrides)
     sender, receiver = start_pair(launch, topo)
-    return topo, sender, receiver, Stream(src.bootstrap, total, rate).start()
+    return topo, sender, receiver, Stream(src.bootstrap, total, rate, batch=batch).start()
 
 
 def test_receiver_workers_killed_mid_stream_lose_nothing_and_report_nothing(tmp_path, brokers,
@@ -237,11 +237,16 @@ def test_destination_down_for_a_minute_loses_nothing_and_restarts_nothing(tmp_pa
                                                                           start_brokers,
                                                                           launch):
     """Apache Kafka only (Tansu loses its records when it stops). The writer's producer queue
-    is kept small so that the outage backs up into the journal."""
+    is kept small, and the records are of 1 KB, so that the outage backs up into the journal:
+    the queues between the receiver's workers hold messages up to a bound in bytes too (the
+    kernel's socket buffers), which took all of 16 000 records of 100 B that had not reached
+    the producers when the outage began."""
     src, dst = start_brokers("kafka", "source", "destination")
     total = 16000
     _, sender, receiver, stream = streaming(
         tmp_path, (src, dst), launch, total, 1000,
+        batch=lambda first, end: [dict(r, value=r["value"] + b"." * 900)
+                                  for r in source_records(first, end)],
         receiver={"kafka": {"bootstrap.servers": dst.bootstrap,
                             "queue.buffering.max.messages": 2000}})
     written_some(receiver)
