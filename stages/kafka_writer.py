@@ -87,6 +87,15 @@ from diode.writer.reporter import Reporter
 from diode.writer.source_view import SourceView
 from diode.writer import stall
 
+# The writer's producers keep the brokers they learned through an outage of the whole
+# destination, reconnecting as each comes back, where librdkafka 2.16 by default starts its
+# re-bootstrap sequence over and over while none answers (about 600 times in a minute's outage
+# with debug=broker: every broker handle decommissioned and made again), and one such producer
+# was seen never to send again, nor to answer a metadata request, after its broker was back
+# (diode.writer.stall; librdkafka's own notes list re-bootstrap cases fixed in 2.16). A cluster
+# whose brokers all come back at other addresses: the stall watch starts the writer afresh,
+# which bootstraps again. receiver.kafka may set it otherwise.
+WRITER_PRODUCER = {"metadata.recovery.strategy": "none"}
 MAX_BACKLOG_RECORDS = 20000  # records decoded and waiting for the producer; past it, no input
 MAX_EVENTS = 20000           # events (missing ranges, dead letters) waiting; past it, no input
 INPUT_MESSAGES = 16          # unpacker messages taken per turn
@@ -115,7 +124,8 @@ class Stage(BaseStage):
         self.writers = ctx.instances("kafka_writer")
         self.owned: dict = {}  # (topic, partition) -> whether this writer owns it (_owns)
         self.dest = Destination(r, self.metrics, self.log,
-                                lambda **config: Producer(producer_config(kafka, **config)),
+                                lambda **config: Producer(producer_config(
+                                    kafka, **{**WRITER_PRODUCER, **config})),
                                 self.destination, self.source_partitions, None,
                                 schemas_topic=self.schemas_topic)
         self.reporter = Reporter(r, self.metrics, self.log, self.dest.emit)

@@ -4,12 +4,15 @@ librdkafka's idempotent producer can stop sending for good after its only broker
 came back: the fresh-clone CI of issue 36 had a writer whose producer held its 2 000 records
 (its queue.buffering.max.messages, 1 000 each of its two partitions) for the whole three minutes
 after the destination broker was started again, without an error, while the other writer's
-producer, through the same outage, wrote everything. Why is not known: it was not seen again in
-a dozen runs with librdkafka's debug=eos,broker, where every partition of the broker that went
-away "begins partition drain: wait for outstanding requests to finish" and produces again once
-the broker is back (librdkafka 2.16; a drain that never ends would look like this, and with
-message.timeout.ms 0 nothing ever fails). Nothing outside the producer can move its records
-on, and nothing in it tells the writer, so the writer watches for it:
+producer, through the same outage, wrote everything; a helper's run of that test saw it again,
+the stuck producer not answering even a metadata request (list_topics) with its broker up.
+Why is not known: a dozen runs with librdkafka's debug=eos,broker did not show it, but showed
+the producers re-bootstrapping some ten times a second while the broker was down (every broker
+handle decommissioned and made again; librdkafka 2.16's notes list re-bootstrap cases that
+never reached a broker, fixed), so the writer's producers now keep the brokers they learned
+(stages.kafka_writer.WRITER_PRODUCER); with message.timeout.ms 0 a stuck producer never fails
+a record either. Nothing outside the producer can move its records on, and nothing in it tells
+the writer, so the writer watches for it:
 
 the producer holds records and has had none acknowledged since QUIET_SECONDS, and its
 destination has answered at every look for STALL_SECONDS since (a DescribeCluster request from
