@@ -219,6 +219,14 @@ class Launched(launches.Launch):
         return Path(self.log_path).read_text(errors="replace")
 
 
+def listening(receiver: "Launched", timeout: float = 60) -> "Launched":
+    """`receiver` once its udp_reader listens: a datagram the sender sends before is not
+    received, and a receiver started for the first time does not report it (docs/reference.md,
+    "Restarts and outages": start the receiver first)."""
+    wait_for(lambda: "listening on udp" in receiver.output(), timeout, "the receiver to listen")
+    return receiver
+
+
 @pytest.fixture
 def launch(tmp_path):
     started = []

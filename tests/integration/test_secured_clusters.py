@@ -11,7 +11,7 @@ import time
 
 from diode.kafka.brokers import tls_certificates
 from diode.kafka.cluster import CONNECT_TIMEOUT_SECONDS
-from tests.conftest import ROOT, wait_for, write_topology
+from tests.conftest import ROOT, listening, wait_for, write_topology
 
 PASSWORD = "scram-secret-7"
 DEMO = ["silicon", "resistor", "transistor", "capacitor", "amplifier"]  # ./scripts/demo's
@@ -52,8 +52,8 @@ def test_every_command_reads_and_writes_a_sasl_ssl_cluster_with_the_topology_or_
 
     # the demo's records, to the source side's cluster of the topology (the default --side)
     run("produce", "--topology", topology, "--topic", "diode", "--partitions", "1", *DEMO)
+    receiver = listening(launch(topology, side="receiver"))  # (what is sent before is not heard)
     sender = launch(topology, side="sender")
-    receiver = launch(topology, side="receiver")
     wait_for(lambda: receiver.metric("records", "kafka_writer") == 5, 90, "the demo's records")
     # three more while the receiver is down (-X, as kcat takes them): a missing range, a ticket
     assert receiver.stop() == 0

@@ -11,8 +11,8 @@ import sys
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tests.conftest import (ROOT, client, consume, create_topic, missing_event, produce,
-                            source_coordinates, wait_for, write_topology)
+from tests.conftest import (ROOT, client, consume, create_topic, listening, missing_event,
+                            produce, source_coordinates, wait_for, write_topology)
 
 
 def test_the_receiver_knows_how_far_behind_its_source_it_is(tmp_path, start_brokers,
@@ -71,8 +71,8 @@ def test_missing_ranges_at_risk_then_expired_as_the_source_deletes_them(
                                   "heartbeat.interval.ms": 300},
                           receiver={"missing.records.topic": "missing",
                                     "reorder.wait.ms": 300, "resend.margin.records": 0})
+    receiver = listening(launch(topo, side="receiver"))  # (what is sent before is not heard)
     sender = launch(topo, side="sender")
-    receiver = launch(topo, side="receiver")
 
     def batch(first):
         return [{"value": b"%05d" % i, "partition": i % 2} for i in range(first, first + 100)]
@@ -187,8 +187,8 @@ def test_a_resent_ticket_whose_range_holds_offsets_without_records_closes_filled
                           sender={"heartbeat.interval.ms": 300},
                           receiver={"missing.records.topic": "missing",
                                     "reorder.wait.ms": 300})
+    receiver = listening(launch(topo, side="receiver"))  # (what is sent before is not heard)
     sender = launch(topo, side="sender")
-    receiver = launch(topo, side="receiver")
     produce_in_transactions(src.bootstrap, "src", 0, 10)  # offsets 0, 2, ... 18
     wait_for(lambda: receiver.metric("records", "kafka_writer") == 10, 60, "the first 10")
     assert receiver.stop() == 0
