@@ -59,8 +59,9 @@ def test_missing_ranges_are_exactly_the_records_lost_on_the_link(link):
     absent = sent - arrived
     assert absent, "no record was lost"
     assert reported == absent  # no false positive, no false negative
-    assert lk.receiver.metric("missing_ranges", "kafka_writer") == \
-        len([e for e in events if e["type"] == "missing"])
+    ranges = len([e for e in events if e["type"] == "missing"])  # (metrics: about once a second)
+    wait_for(lambda: lk.receiver.metric("missing_ranges", "kafka_writer") == ranges, 10,
+             f"diode_missing_ranges_total to count the {ranges} reported")
 
 
 @only_on("tansu")  # (the link's faults decide it, not the broker)
@@ -394,4 +395,6 @@ def test_a_lost_first_datagram_of_a_partition_and_of_every_partition_is_reported
     assert all(e["reason"] == ("gap" if any(c[:2] == (e["sourceTopic"], e["sourcePartition"])
                                             and c[2] > e["lastOffset"] for c in arrived)
                                else "tail") for e in events), events
-    assert lk.receiver.metric("missing_records", "kafka_writer") == len(faults.lost)
+    # (the metrics file is written about once a second: the count of what was just reported)
+    wait_for(lambda: lk.receiver.metric("missing_records", "kafka_writer") == len(faults.lost),
+             10, f"diode_missing_records_total to count the {len(faults.lost)} reported")

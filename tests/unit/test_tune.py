@@ -361,10 +361,11 @@ def test_a_window_is_sampled_after_the_workers_metrics_are_written_again(tmp_pat
         os.utime(f, (time.time() - 0.6, time.time() - 0.6))
     since = time.time()
 
-    def write_each_later():
+    def write_each_later():  # (as a worker writes its metrics: a whole file renamed in place)
         for f in files:
             time.sleep(0.15)
-            f.write_text("new\n")
+            f.with_suffix(".tmp").write_text("new\n")
+            os.replace(f.with_suffix(".tmp"), f)
     t = threading.Thread(target=write_each_later)
     t.start()
     at = _rewritten([(receiver, "kafka_writer"), (sender, "udp_sender")], since, limit=5)
